@@ -154,6 +154,19 @@ def test_eval_every_writes_evaluated_rounds_only(tmp_path):
     assert [r["round"] for r in _records(tmp_path)] == [2, 4, 5]
 
 
+def test_personal_test_split_evaluates_the_local_split_only(tmp_path):
+    args = [*SMALL, "rounds=2", "clients=3"]
+    rows = {}
+    for mode in ("full", "split"):
+        out = tmp_path / mode
+        config = load_config(None, [*args, f"personal_test={mode}", f"output_dir={out}"])
+        run_experiment(config, progress=False)
+        rows[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["client_pa_split"] for r in rows["split"]] == [r["client_pa_split"] for r in rows["full"]]
+    assert all(r["pa_l"] is None and r["pa_v"] is None for r in rows["split"])
+    assert all(0.0 <= r["pa_l"] <= 1.0 for r in rows["full"])
+
+
 @requires_fmnist
 @pytest.mark.slow
 def test_fedavg_fmnist_iid_reaches_acceptance_accuracy(tmp_path):

@@ -198,13 +198,35 @@ def test_strategy_with_per_client_payloads_and_client_state_matches_local(
     assert not (tmp_path / "flower" / "checkpoint" / "state.pt").exists()
 
 
+# the shared small model of FML / FedKD must fit synthetic's 8x8 images
+EXTRA = {"fml": ["algorithm.shared_model=mlp"], "fedkd": ["algorithm.shared_model=mlp"]}
+
+
 @pytest.mark.parametrize("name", [n for n in ALGORITHMS.names() if not n.startswith("_")])
 def test_every_registered_algorithm_gives_the_local_numbers_through_flower(tmp_path, name, task_identity):
     """The adapter is generic: each algorithm's payloads, replies and client states survive the records."""
     args = SMALL + ["clients=4", "rounds=3", "participation=0.75", "seed=2", f"algorithm.name={name}"]
+    args += EXTRA.get(name, [])
     run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
     serve(InProcessGrid(_nodes(4)), flower, node_timeout=5)
+    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+
+
+def test_model_heterogeneous_fedssa_gives_the_local_numbers_through_flower(tmp_path, task_identity):
+    """Each node builds its own architecture (cnn1..cnn5 by partition id); only header rows travel."""
+    args = [
+        "dataset.name=synthetic16",
+        "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]",
+        "local.batch_size=32",
+        "clients=5",
+        "rounds=2",
+        "participation=0.6",
+        "algorithm.name=fedssa",
+    ]
+    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
+    serve(InProcessGrid(_nodes(5)), flower)
     _assert_same_run(tmp_path / "local", tmp_path / "fl")
 
 

@@ -157,6 +157,19 @@ def test_scaffold_control_denominator_is_all_local_steps():
         torch.testing.assert_close(reply["control_delta"][k], c_new)
 
 
+def test_scaffold_momentum_aware_denominator_is_k_eta_over_one_minus_beta():
+    """Same local training (zero variates); option II divided by K eta / (1 - beta) vs the literal K eta."""
+    states = {}
+    for aware in (True, False):
+        alg, model, data = _alg("scaffold", momentum=0.75, momentum_aware=aware), _model(), _client(n=10)
+        server = alg.init_server(model)
+        reply, states[aware] = _update(alg, model, data, alg.payload_for(server, 0))
+    for k, c in states[False]["control"].items():
+        torch.testing.assert_close(states[True]["control"][k], 0.25 * c)
+    alg = _alg("scaffold", momentum=0.0)
+    assert alg.momentum_aware  # default; with momentum 0 both forms are Alg. 1's
+
+
 def test_scaffold_server_update_by_hand():
     alg = _alg("scaffold", clients=4, server_lr=0.5)
     server = {"model": {"w": torch.tensor([1.0])}, "control": {"w": torch.tensor([0.2])}}

@@ -100,33 +100,22 @@ def test_replies_never_carry_the_private_part_and_state_holds_it(name, private):
 
 
 @pytest.mark.parametrize("name", ["fedper", "fedrep", "fedbabu", "lgfedavg", "local"])
-def test_initial_private_part_is_sent_once_per_client_and_every_client_starts_from_it(name):
+def test_private_part_never_travels_and_a_new_client_starts_from_its_fresh_model(name):
     alg, model = _alg(name), _model()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     server = alg.init_server(model)
-    first = [alg.payload_for(server, k) for k in range(3)]
-    again = alg.payload_for(server, 1)
-    assert all("initial" in p for p in first) and "initial" not in again
-    private = set(alg.private_keys(model))
-    for p in first:
-        assert set(p["initial"]) == private
-        assert all(torch.equal(p["initial"][k], initial[k]) for k in private)
-    # the reusable model object holds another client's weights; the state starts from the initial part
-    alg.local_update(model, _client(0), first[0], None, _rng())
-    _, s1 = alg.local_update(model, _client(1), first[1], None, _rng())
+    shared = set(alg.shared_keys(model))
+    payloads = [alg.payload_for(server, k) for k in range(3)]
+    assert all(set(p) == {"model"} and set(p["model"]) == shared for p in payloads)
+    # a client without state starts from the private part of the model it is handed (the engine resets it
+    # to the architecture's seeded initial weights), whatever the previous client left in that object
+    _, s0 = alg.local_update(model, _client(0), payloads[0], None, _rng())
+    model.load_state_dict(initial)
+    _, s1 = alg.local_update(model, _client(1), payloads[1], None, _rng())
     model2 = _model()
-    _, s1_fresh = alg.local_update(
-        model2, _client(1), alg.payload_for(alg.init_server(model2), 1), None, _rng()
-    )
+    payload2 = alg.payload_for(alg.init_server(model2), 1)
+    _, s1_fresh = alg.local_update(model2, _client(1), payload2, None, _rng())
     assert _equal(s1, s1_fresh)
-
-
-def test_missing_state_and_no_initial_part_is_an_error():
-    alg, model = _alg("fedper"), _model()
-    server = alg.init_server(model)
-    alg.payload_for(server, 0)
-    with pytest.raises(Exception, match="no initial private part"):
-        alg.local_update(model, _client(), alg.payload_for(server, 0), None, _rng())
 
 
 def test_fedper_trains_head_and_body_and_keeps_the_head_across_rounds():
@@ -175,11 +164,11 @@ def test_lgfedavg_averages_only_the_head_and_has_no_global_model():
     assert all(torch.equal(model.state_dict()[k], v) for k, v in s0.items())
 
 
-def test_local_communicates_nothing_after_the_first_contact_and_has_no_global_model():
+def test_local_communicates_nothing_and_has_no_global_model():
     alg, model = _alg("local"), _model()
     server = alg.init_server(model)
     first = alg.payload_for(server, 0)
-    assert tensor_bytes(first) == tensor_bytes(model.state_dict()) > 0  # the initial model, once
+    assert tensor_bytes(first) == 0  # the client builds its own initial model
     reply, state = alg.local_update(model, _client(), first, None, _rng())
     assert tensor_bytes(reply) == 0
     assert tensor_bytes(alg.payload_for(server, 0)) == 0
@@ -206,7 +195,7 @@ def test_fedrep_head_phase_leaves_the_body_and_body_phase_leaves_the_head():
     alg, model = _alg("fedrep", head_epochs=1), _model()
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
-    state = payload["initial"]
+    state = server["initial"]
     alg.load_payload(model, payload, state)
     alg._phase = "head"
     alg.train(model, _client(), payload, state, _rng(), epochs=1)

@@ -44,7 +44,22 @@ class PartitionConfig(_Open):
 
 
 class ModelConfig(_Open):
-    name: str = "simplecnn"
+    """``name``: one architecture for every client, or a list (client k uses ``name[k % len(name)]``, FedSSA's
+    model-heterogeneous zoo is ``[cnn1, cnn2, cnn3, cnn4, cnn5]``); ``clients``: per-client overrides
+    ``{client id: architecture}``. Extra keys are the architectures' own parameters (shared by all)."""
+
+    name: str | list[str] = "simplecnn"
+    clients: dict[int, str] = Field(default_factory=dict)
+
+    def architecture(self, client: int) -> str:
+        """The architecture of client ``client``."""
+        if client in self.clients:
+            return self.clients[client]
+        return self.name if isinstance(self.name, str) else self.name[client % len(self.name)]
+
+    def architectures(self, num_clients: int) -> list[str]:
+        """The distinct architectures of a federation of ``num_clients``, in order of first use."""
+        return list(dict.fromkeys(self.architecture(k) for k in range(num_clients)))
 
 
 class AlgorithmConfig(_Open):
@@ -80,6 +95,9 @@ class Config(_Strict):
     local: LocalConfig = Field(default_factory=LocalConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     eval_every: int = Field(1, ge=1)
+    # personal models on the full test set (PA-split, PA-L, PA-V) or on each client's local split only
+    # (PA-split alone, the FedGELA / FedSSA protocol; far cheaper for many clients or large models)
+    personal_test: Literal["full", "split"] = "full"
     backend: Literal["local", "flower"] = "local"
     engine: EngineConfig = Field(default_factory=EngineConfig)
     output_dir: str = "runs/example"
@@ -211,27 +229,50 @@ def dataclass_defaults(cls: type) -> dict[str, Any]:
     return out
 
 
+def resolve_model_params(config: Config) -> dict[str, Any]:
+    """The model parameters, checked against every architecture of the federation; defaults filled for the
+    parameters all of them take (from the first architecture)."""
+    from fedpcd.models import MODELS
+
+    m = config.model
+    if isinstance(m.name, list) and not m.name:
+        raise UserError(f"model.name is an empty list; give one or more of: {', '.join(MODELS.names())}")
+    bad = sorted(k for k in m.clients if not 0 <= k < config.clients)
+    if bad:
+        raise UserError(f"model.clients names client {bad[0]}, but clients are 0..{config.clients - 1}")
+    archs = m.architectures(config.clients)
+    defaults = [callable_defaults(MODELS.get(arch), 3) for arch in archs]
+    for arch, own in zip(archs, defaults, strict=True):
+        check_params("model", arch, m.params(), own)
+    common = set.intersection(*(set(own) for own in defaults))
+    return {**{k: v for k, v in defaults[0].items() if k in common}, **m.params()}
+
+
 def resolve(config: Config) -> Config:
     """Check names and fill the scheme's, model's and algorithm's parameter defaults."""
     from fedpcd.algorithms import ALGORITHMS
     from fedpcd.data.datasets import DATASETS
     from fedpcd.data.partition import resolve_params
-    from fedpcd.models import MODELS
 
     DATASETS.get(config.dataset.name)
     partition = resolve_params(config.partition.scheme, config.partition.params())
-    model = check_params(
-        "model", config.model.name, config.model.params(), callable_defaults(MODELS.get(config.model.name), 3)
-    )
+    model = resolve_model_params(config)
+    algo_cls = ALGORITHMS.get(config.algorithm.name)
+    if len(config.model.architectures(config.clients)) > 1 and not algo_cls.heterogeneous:
+        able = ", ".join(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).heterogeneous)
+        raise UserError(
+            f"algorithm {config.algorithm.name!r} needs one architecture for all clients, but model.name/"
+            f"model.clients give several; model-heterogeneous algorithms: {able or '(none)'}"
+        )
     algorithm = check_params(
         "algorithm",
         config.algorithm.name,
         config.algorithm.params(),
-        dataclass_defaults(ALGORITHMS.get(config.algorithm.name)),
+        dataclass_defaults(algo_cls),
     )
     data = config.to_dict()
     data["partition"] = {"scheme": config.partition.scheme, **partition}
-    data["model"] = {"name": config.model.name, **model}
+    data["model"] = {"name": config.model.name, "clients": config.model.clients, **model}
     data["algorithm"] = {"name": config.algorithm.name, **algorithm}
     try:
         return Config.model_validate(data)

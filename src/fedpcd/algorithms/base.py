@@ -50,6 +50,8 @@ class Context:
     rounds: int
     seed: int
     local: LocalTraining = field(default_factory=LocalTraining)
+    heterogeneous: bool = False  # clients have different architectures (config model.name is a list/map)
+    input_shape: tuple[int, int, int] | None = None  # (channels, height, width) of one sample
 
 
 @dataclass

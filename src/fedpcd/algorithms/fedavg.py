@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,10 @@ Predictor = Callable[[Tensor], Tensor]
 @dataclass
 class FedAvg:
     """FedAvg: clients run E epochs of SGD from the global model; the server averages all state by n_k."""
+
+    # True when the method runs with a different architecture per client (config model.name a list or map):
+    # it exchanges no tensor whose shape depends on the architecture (FedSSA's header rows, prototypes).
+    heterogeneous: ClassVar[bool] = False
 
     def setup(self, ctx: Context) -> None:
         """Called once on every process that runs this algorithm (server and clients)."""
@@ -92,16 +96,19 @@ class FedAvg:
         rng: torch.Generator,
         epochs: int | None = None,
         lr: float | None = None,
+        plain_sgd: bool = False,
     ) -> float:
         """The shared local loop: a fresh SGD optimiser, ``epochs`` shuffled passes; returns the mean loss.
 
-        ``epochs`` defaults to ``local.epochs``, ``lr`` to ``local.lr * local.lr_decay^(round - 1)``.
+        ``epochs`` defaults to ``local.epochs``, ``lr`` to ``local.lr * local.lr_decay^(round - 1)``;
+        ``plain_sgd`` drops ``local.momentum`` and ``local.weight_decay`` (e.g. Ditto's personal steps).
         """
         cfg = self.ctx.local
         params = [p for p in self.trainable_parameters(model, payload, state) if p.requires_grad]
         if lr is None:
             lr = round_lr(cfg, self.round)
-        opt = torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        momentum, decay = (0.0, 0.0) if plain_sgd else (cfg.momentum, cfg.weight_decay)
+        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=decay)
         model.train()
         total = torch.zeros(())
         seen = 0
@@ -118,6 +125,24 @@ class FedAvg:
                 total += loss.detach() * n
                 seen += n
         return float(total) / max(seen, 1)
+
+    def finetune(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        *,
+        epochs: int,
+        lr: float | None,
+        from_global: bool,
+    ) -> None:
+        """Fine-tune ``model`` in place into a personal model (after the reply and state were cloned): from
+        the received global model (``from_global``) or from this round's local model (FedAvg-FT, FedBABU)."""
+        if from_global:
+            self.load_payload(model, payload, state)
+        self.train(model, data, payload, state, rng, epochs=epochs, lr=lr)
 
     def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
         """The client's personal model, right after ``local_update`` (FedAvg: the locally trained model)."""

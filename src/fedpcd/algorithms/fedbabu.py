@@ -53,10 +53,9 @@ class FedBABU(FedPer):
         """Fine-tune the whole model in place (the reply and state were cloned before)."""
         if self.finetune_when == "last_round" and self.round != self.ctx.rounds:
             return
-        if self.finetune_from == "global":
-            self.load_payload(model, payload, state)
         self._finetuning = True
         try:
-            self.train(model, data, payload, state, rng, epochs=self.finetune_epochs, lr=self.finetune_lr)
+            self.finetune(model, data, payload, state, rng, epochs=self.finetune_epochs,
+                          lr=self.finetune_lr, from_global=self.finetune_from == "global")
         finally:
             self._finetuning = False

@@ -4,15 +4,15 @@ Body and head are trained jointly on the client; only the body ("base layers") i
 last linear layer ("personalization layer") never leaves the client (Sec. 3, Alg. 1). specs/fednh.md sec. 5.
 
 This module also holds what the split-model baselines share (:class:`SplitModel`): which state keys are
-private, the private part kept as the client state, and the initial private part sent once. FedRep,
+private, the private part kept as the client state and initialised on the client. FedRep,
 FedBABU, LG-FedAvg and Local subclass it and only name their private keys or change the training.
 
 Protocol details (the library's, documented per spec):
 
 - The personal part is the client state, a dict ``{state-dict key: tensor}``. A client that has none yet
-  starts from the *initial* private part of the seeded model, which the server sends in the payload
-  (``"initial"``) only the first time it addresses that client (``server["contacted"]``); afterwards the
-  payload carries only the shared part, so the byte counters show the real traffic.
+  starts from its own model's seeded initial private part (the engine hands a client without state its
+  architecture's initial weights), so nothing private is ever sent and the byte counters show the real
+  traffic; clients may have different architectures where only the shared part must agree (LG-FedAvg, Local).
 - Replies carry only the shared part; :meth:`aggregate` averages it by n_k (the library's FedAvg).
 - GM (specs/fednh.md sec. 4): the averaged shared part with the *initial* private part, i.e. the initial
   head for methods that never upload one (FedPer, FedRep, FedBABU).
@@ -28,7 +28,6 @@ from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, StateDict, clone_state
 from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
-from fedpcd.errors import UserError
 from fedpcd.models import head_keys
 
 
@@ -46,20 +45,11 @@ class SplitModel(FedAvg):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """Shared part of the seeded model, its private part (for first contacts and GM), no client seen."""
+        """Shared part of the seeded model and its initial private part (kept for the GM only)."""
         return {
             "model": clone_state(model, self.shared_keys(model)),
             "initial": clone_state(model, self.private_keys(model)),
-            "contacted": torch.zeros(self.ctx.num_clients, dtype=torch.bool),
         }
-
-    def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
-        """The shared part; the initial private part too the first time (marks ``client_id`` contacted)."""
-        payload: Payload = {"model": server["model"]}
-        if not bool(server["contacted"][client_id]):
-            payload["initial"] = server["initial"]
-            server["contacted"][client_id] = True
-        return payload
 
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
         """GM: the averaged shared part with the initial private part (specs/fednh.md sec. 4)."""
@@ -71,7 +61,7 @@ class SplitModel(FedAvg):
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
     ) -> tuple[Reply, Any]:
         """Load shared + personal part, ``fit``, reply with the shared part, keep the private part."""
-        private = self.personal_part(payload, state)
+        private = self.personal_part(model, state)
         self.load_payload(model, payload, private)
         loss = self.fit(model, data, payload, private, rng)
         reply = {
@@ -83,14 +73,9 @@ class SplitModel(FedAvg):
         self.personalise(model, data, payload, new_state, rng)
         return reply, new_state
 
-    @staticmethod
-    def personal_part(payload: Payload, state: Any) -> StateDict:
-        """The client's private tensors: its state, or the initial part sent on first contact."""
-        if state is not None:
-            return state
-        if "initial" not in payload:
-            raise UserError("a client without personal state got no initial private part (state lost?)")
-        return payload["initial"]
+    def personal_part(self, model: nn.Module, state: Any) -> StateDict:
+        """The client's private tensors: its state, or (none yet) its freshly initialised model's."""
+        return state if state is not None else clone_state(model, self.private_keys(model))
 
     def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
         """Shared part from the payload, private part from ``state`` (strict: together they are the model)."""

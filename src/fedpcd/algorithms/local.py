@@ -1,17 +1,18 @@
 """Local: standalone training, no federation (the "Local" baseline of specs/fednh.md sec. 5).
 
-Every client trains its own model, from the same seeded initial model (sent once, on first contact), for
+Every client trains its own model, from its architecture's seeded initial model (built on the client), for
 ``local.epochs`` epochs each time it is sampled: its compute matches its participation under FedAvg, the
 protocol of the FedNH paper [P] (its code [C] instead trains every client for floor(gamma R) rounds, the
-same in expectation). Nothing else is communicated: payloads carry no tensors after the first contact,
-replies none at all; there is no global model (GA is None). PM = the client's latest model.
+same in expectation). Nothing is communicated: payloads and replies carry no tensors; there is no global
+model (GA is None). PM = the client's latest model. Clients may have different architectures (FedSSA's
+"Standalone" baseline).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -24,6 +25,8 @@ from fedpcd.algorithms.fedper import SplitModel
 @dataclass
 class Local(SplitModel):
     """Local: the whole model is private; the server does nothing."""
+
+    heterogeneous: ClassVar[bool] = True
 
     def private_keys(self, model: nn.Module) -> list[str]:
         return list(model.state_dict())

@@ -588,14 +588,13 @@ SYNTHETIC_CLASSES = 10
 SYNTHETIC_PER_CLASS = (100, 20)  # train, test
 
 
-@DATASETS.register("synthetic")
-def load_synthetic(root: Path | None = None, download: bool = True) -> Dataset:
-    """A tiny learnable set for tests: 10 classes of 1x8x8 images, a fixed random pattern per class + noise.
-
-    Deterministic (its own fixed seed), balanced: 1000 train / 200 test images in shuffled order.
-    """
+def _synthetic(name: str, upscale: int, mean: float, std: float) -> Dataset:
+    """10 classes of 1x(8 upscale)x(8 upscale) images: a fixed random 8x8 on/off pattern per class, each
+    pixel repeated upscale x upscale times, plus per-pixel noise. Deterministic (its own fixed seed),
+    balanced: 1000 train / 200 test images in shuffled order."""
     rng = np.random.default_rng(20240601)
     templates = rng.random((SYNTHETIC_CLASSES, 8, 8)) < 0.5  # [K, 8, 8] on/off pixels
+    templates = np.kron(templates, np.ones((upscale, upscale), dtype=bool))
 
     def split(per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
         y = rng.permutation(np.repeat(np.arange(SYNTHETIC_CLASSES), per_class))
@@ -606,13 +605,24 @@ def load_synthetic(root: Path | None = None, download: bool = True) -> Dataset:
     train_x, train_y = split(SYNTHETIC_PER_CLASS[0])
     test_x, test_y = split(SYNTHETIC_PER_CLASS[1])
     return Dataset(
-        name="synthetic",
+        name=name,
         train_x=train_x,
         train_y=train_y,
         test_x=test_x,
         test_y=test_y,
         num_classes=SYNTHETIC_CLASSES,
-        # Measured on the train split; tests/test_datasets.py checks they still match.
-        mean=(0.4758,),
-        std=(0.2908,),
+        mean=(mean,),  # measured on the train split; tests/test_datasets.py checks they still match
+        std=(std,),
     )
+
+
+@DATASETS.register("synthetic")
+def load_synthetic(root: Path | None = None, download: bool = True) -> Dataset:
+    """A tiny learnable set for tests: 10 classes of 1x8x8 images (a fixed pattern per class + noise)."""
+    return _synthetic("synthetic", 1, 0.4758, 0.2908)
+
+
+@DATASETS.register("synthetic16")
+def load_synthetic16(root: Path | None = None, download: bool = True) -> Dataset:
+    """``synthetic`` at 1x16x16 (each pattern pixel 2x2): large enough for the conv models (cnn1..cnn5)."""
+    return _synthetic("synthetic16", 2, 0.4762, 0.2902)

@@ -8,7 +8,7 @@ them, which is why the two backends give the same numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, build_
 from fedpcd.config import Config
 from fedpcd.data.datasets import Dataset, load_dataset
 from fedpcd.data.partition import Partition, make_partition
-from fedpcd.engine.metrics import accuracy, personal_metrics, predict
+from fedpcd.engine.metrics import accuracy, personal_metrics, predict, split_metrics
 from fedpcd.models import build_model
 from fedpcd.utils import derive_seed
 
@@ -33,17 +33,31 @@ class Federation:
     partition: Partition
     clients: list[ClientData]
     context: Context
+    _models: dict[str, tuple[nn.Module, dict[str, torch.Tensor]]] = field(default_factory=dict, repr=False)
 
-    def new_model(self) -> nn.Module:
-        """The run's model, initialised from the run's seed (identical wherever it is built)."""
+    def new_model(self, architecture: str | None = None) -> nn.Module:
+        """A model of ``architecture`` (default: client 0's, the server's reference), initialised from the
+        run's seed (identical wherever it is built)."""
         torch.manual_seed(derive_seed(self.config.seed, INIT_STREAM))
         return build_model(
-            self.config.model.name,
+            architecture or self.config.model.architecture(0),
             self.dataset.in_channels,
             self.dataset.num_classes,
             self.dataset.image_size,
             **self.config.model.params(),
         )
+
+    def model_for(self, client: int, fresh: bool = False) -> nn.Module:
+        """The one reusable model object of ``client``'s architecture; ``fresh``: reset to its seeded initial
+        weights (the engine does this whenever the client has no state yet, e.g. at first participation)."""
+        arch = self.config.model.architecture(client)
+        if arch not in self._models:
+            model = self.new_model(arch)
+            self._models[arch] = (model, {k: v.clone() for k, v in model.state_dict().items()})
+        model, initial = self._models[arch]
+        if fresh:
+            model.load_state_dict(initial)
+        return model
 
     def new_algorithm(self) -> FedAvg:
         algorithm = build_algorithm(self.config.algorithm.name, self.config.algorithm.params())
@@ -96,6 +110,8 @@ def build_federation(config: Config) -> Federation:
         rounds=config.rounds,
         seed=config.seed,
         local=LocalTraining(**config.local.model_dump()),
+        heterogeneous=len(config.model.architectures(config.clients)) > 1,
+        input_shape=(ds.in_channels, ds.image_size, ds.image_size),
     )
     return Federation(config, ds, partition, clients, ctx)
 
@@ -131,14 +147,21 @@ def client_step(
     seed: int,
     rnd: int,
     evaluate: bool,
+    full_test: bool = True,
 ) -> tuple[dict[str, Any], Any, dict[str, Any] | None]:
-    """One client's round: local update from a (seed, round, client) generator, then personal metrics."""
+    """One client's round: local update from a (seed, round, client) generator, then personal metrics
+    (on the full test set, or with ``full_test=False`` on the client's local test split only)."""
     rng = torch.Generator().manual_seed(derive_seed(seed, rnd, data.id))
     algorithm.round = rnd
     reply, state = algorithm.local_update(model, data, payload, state, rng)
     metrics = None
     if evaluate:
         predictor = algorithm.personal_predictor(model, payload, state)
-        pred = predict(predictor, data.test_x)
-        metrics = personal_metrics(pred, data.test_y, data.local_test_idx, data.label_counts)
+        if full_test:
+            pred = predict(predictor, data.test_x)
+            metrics = personal_metrics(pred, data.test_y, data.local_test_idx, data.label_counts)
+        else:
+            split = data.local_test_idx
+            pred = predict(predictor, data.test_x[split]) if len(split) else split
+            metrics = split_metrics(pred, data.test_y[split])
     return reply, state, metrics

@@ -51,6 +51,11 @@ def pa_v(acc_row: Tensor, label_counts: Tensor) -> float:
     return float(acc_row[label_counts > 0].mean())
 
 
+def split_metrics(pred_split: Tensor, split_y: Tensor) -> dict:
+    """A client's personal metrics from predictions on its local test split only (PA-L, PA-V: None)."""
+    return {"pa_split": accuracy(pred_split, split_y) if len(split_y) else None, "pa_l": None, "pa_v": None}
+
+
 def personal_metrics(pred_test: Tensor, test_y: Tensor, local_test_idx: Tensor, label_counts: Tensor) -> dict:
     """A client's personal metrics from its personal model's predictions on the full test set."""
     row = per_class_accuracy(pred_test, test_y, len(label_counts))

@@ -1,4 +1,5 @@
-"""The local backend: the round loop in one process, one model object reused for every client."""
+"""The local backend: the round loop in one process, one model object per architecture reused for every
+client (a client without state gets it reset to the architecture's seeded initial weights)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ def run_local(config: Config, resume: bool = False, progress: bool = True) -> di
     fed = build_federation(config)
     run_dir = RunDir(config.output_dir)
     algorithm = fed.new_algorithm()
-    model = fed.new_model()
     if resume:
         ckpt = run_dir.load_checkpoint()
         server, client_states, start, wall = (
@@ -49,7 +49,7 @@ def run_local(config: Config, resume: bool = False, progress: bool = True) -> di
         run_dir.create(
             config, partition_json(fed.partition, fed.dataset.train_y.numpy(), fed.dataset.test_y.numpy())
         )
-        server = algorithm.init_server(model)
+        server = algorithm.init_server(fed.model_for(0, fresh=True))  # client 0's architecture
         client_states: dict[int, Any] = {}
         start, wall, records = 0, 0.0, []
 
@@ -69,15 +69,17 @@ def run_local(config: Config, resume: bool = False, progress: bool = True) -> di
         replies, evals, down, up = [], [], 0, 0
         for k in ids:
             payload = algorithm.payload_for(server, k)
+            state = client_states.get(k)
             reply, state, metrics = client_step(
                 algorithm,
-                model,
+                fed.model_for(k, fresh=state is None),
                 fed.clients[k],
                 payload,
-                client_states.get(k),
+                state,
                 seed=config.seed,
                 rnd=rnd,
                 evaluate=evaluate,
+                full_test=config.personal_test == "full",
             )
             if state is not None:
                 client_states[k] = state
@@ -86,7 +88,7 @@ def run_local(config: Config, resume: bool = False, progress: bool = True) -> di
             replies.append(reply)
             evals.append(metrics)
         server = algorithm.aggregate(server, replies)
-        ga = global_accuracy(algorithm, model, fed, server) if evaluate else None
+        ga = global_accuracy(algorithm, fed.model_for(0), fed, server) if evaluate else None
         round_wall = time.perf_counter() - t0
         wall += round_wall
         if evaluate:

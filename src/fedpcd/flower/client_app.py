@@ -27,7 +27,6 @@ _env.set_offline_defaults()
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
-from torch import nn  # noqa: E402
 
 from fedpcd.algorithms import FedAvg  # noqa: E402
 from fedpcd.config import Config  # noqa: E402
@@ -53,7 +52,6 @@ class Runtime:
 
     config: Config
     federation: Federation
-    model: nn.Module
     algorithm: FedAvg
 
 
@@ -71,7 +69,7 @@ def runtime_for(text: str, data_root: str | None = None) -> Runtime:
         set_threads(config)
         fed = build_federation(config)
         _CACHE.clear()
-        _CACHE[key] = Runtime(config, fed, fed.new_model(), fed.new_algorithm())
+        _CACHE[key] = Runtime(config, fed, fed.new_algorithm())
     return _CACHE[key]
 
 
@@ -129,13 +127,14 @@ def train(msg: Message, context: Context) -> Message:
     state = records.get(context.state, STATE)
     reply, state, metrics = client_step(
         rt.algorithm,
-        rt.model,
+        rt.federation.model_for(k, fresh=state is None),
         rt.federation.clients[k],
         payload,
         state,
         seed=rt.config.seed,
         rnd=int(task["round"]),
         evaluate=bool(task["evaluate"]),
+        full_test=rt.config.personal_test == "full",
     )
     if state is not None:  # as in run_local: a None state does not erase the previous one
         records.put(context.state, STATE, state)

@@ -168,7 +168,7 @@ class FedpcdStrategy(Strategy):
         self.nodes = nodes
         self.run_dir = run_dir
         self.algorithm = fed.new_algorithm()
-        self.model = fed.new_model()
+        self.model = fed.model_for(0, fresh=True)
         self.server = self.algorithm.init_server(self.model)
         self.text = config_text(config)
         self.records: list[dict[str, Any]] = []

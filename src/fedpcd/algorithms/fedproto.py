@@ -1,0 +1,169 @@
+"""FedProto (Tan, Long, Liu, Zhou, Lu, Jiang & Zhang, "FedProto: Federated Prototype Learning across
+Heterogeneous Clients", AAAI 2022, Alg. 1); the FedNH benchmark's baseline (specs/fednh.md sections 3-5) and
+a model-heterogeneous baseline of FedSSA (specs/fedssa.md section 5).
+
+No weights are shared: each client's whole model is private (the client state) and may have its own
+architecture; only the representation dimension d (``model.feature_dim``) must agree. With z = f_k(x) the
+representation (``model.features``) and C_j the global prototype of class j:
+
+- Local prototypes, after local training: c_k^j = (1/n_k^j) sum_{i: y_i = j} f_k(x_i) over the client's
+  training samples (eval mode, no augmentation), sent with the counts n_k^j, only for the classes it holds.
+- Local objective: CE(head(z), y) + lambda * MSE(z, C_y). The MSE is the mean over the batch and the d
+  dimensions (both codes' ``nn.MSELoss``); a sample whose class has no global prototype yet adds 0 but still
+  counts in the mean, as in the official code (its target is its own z there).
+- Server: C_j = the mean of the c_k^j of this round's clients that hold j; a class nobody reported keeps
+  its prototype. Global prototypes are constants in the local loss.
+- Personal model: the client's own model classifying by the nearest global prototype (L2), the protocol of
+  specs/fednh.md sec. 4 (FedNH code [C]). There is no global model (GA is None).
+
+Options, each naming its source ([P] the paper, [O] the official code yuetan031/FedProto, [C] the FedNH code
+the spec follows):
+
+- ``init``: "uniform" = every class starts with a random U[0,1)^d prototype drawn on the server from the run
+  seed ([C], specs/fednh.md sec. 5); "none" = no global prototype before the first upload ([O]): the
+  prototype term of a class is off until some client reported it.
+- ``weighting``: "uniform" = unweighted mean over the holders ([O], [C], specs/fednh.md sec. 5); "samples" =
+  weighted by the holders' counts n_k^j, [P]'s aggregation rule (normalised so the weights sum to one).
+- ``predict``: "prototype" = nearest global prototype over every class that has one ([C]); "prototype_local"
+  = nearest among the client's own classes ([O]'s "with protos" test); "head" = the model's own classifier
+  ([O]'s "w/o protos" test). While none of the candidate classes has a global prototype (``init="none"``,
+  first round) the prototype predictions fall back to the head.
+
+Not options: [O] and [C] average the training-mode representations seen during the last local epoch
+instead of recomputing them after training ([P], used here); the first participation trains the model as
+the engine delivers it (its architecture's seeded initial weights), later ones the client's own model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, clone_state, raw_class_means
+from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.errors import UserError
+from fedpcd.utils import derive_seed
+
+PROTOTYPE_STREAM = 0x465054  # seed stream of the initial U[0,1) prototypes ("FPT"); rounds use 1..R
+
+
+def prototype_mse(z: Tensor, y: Tensor, prototypes: Tensor, known: Tensor) -> Tensor:
+    """mean over the batch and the d dimensions of (z - C_y)^2; samples of a class without a prototype
+    (``known[y]`` False) add 0 to the sum but count in the mean. Prototypes are constants."""
+    diff = (z - prototypes[y].detach()) * known[y, None].to(z.dtype)
+    return diff.pow(2).sum() / z.numel()
+
+
+def mean_prototypes(
+    prototypes: Tensor, known: Tensor, replies: Sequence[Reply], weighting: Literal["uniform", "samples"]
+) -> tuple[Tensor, Tensor]:
+    """C_j = mean of the replies' class means of j, unweighted or by counts; unreported classes unchanged."""
+    if weighting == "uniform":
+        replies = [{**r, "class_counts": torch.ones_like(r["class_counts"])} for r in replies]
+    return aggregate_prototypes(prototypes, known, replies)
+
+
+class NearestPrototype(nn.Module):
+    """Scores -||f(x) - C_j||_2 per class, -inf for classes outside ``allowed``; a view of the model (holds a
+    reference, so the engine's eval() reaches it)."""
+
+    def __init__(self, model: nn.Module, prototypes: Tensor, allowed: Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.prototypes = prototypes
+        self.allowed = allowed
+
+    def forward(self, x: Tensor) -> Tensor:
+        dist = torch.cdist(self.model.features(x), self.prototypes.to(x.dtype))
+        return (-dist).masked_fill(~self.allowed, float("-inf"))
+
+
+@ALGORITHMS.register("fedproto")
+@dataclass
+class FedProto(FedAvg):
+    """FedProto: private models regularised towards global class prototypes; only prototypes travel."""
+
+    heterogeneous: ClassVar[bool] = True
+
+    # lambda of the prototype term. 0.1: specs/fednh.md sec. 3 and 5 (the FedNH paper's and code's value);
+    # the FedProto paper tunes it per dataset. lambda = 0: local training with CE alone.
+    lam: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.1
+    init: Literal["uniform", "none"] = "uniform"  # "uniform": [C], specs/fednh.md sec. 5; "none": [O]
+    weighting: Literal["uniform", "samples"] = "uniform"  # "uniform": [O], [C], the spec; "samples": [P]
+    predict: Literal["prototype", "prototype_local", "head"] = "prototype"  # "prototype": [C], spec sec. 4
+
+    # ----- server -----
+    def init_server(self, model: nn.Module) -> dict[str, Any]:
+        """C x d global prototypes and the mask of classes that have one (``init``)."""
+        c, d = self.ctx.num_classes, int(model.feature_dim)
+        if self.init == "uniform":
+            g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, PROTOTYPE_STREAM))
+            return {"prototypes": torch.rand(c, d, generator=g), "known": torch.ones(c, dtype=torch.bool)}
+        return {"prototypes": torch.zeros(c, d), "known": torch.zeros(c, dtype=torch.bool)}
+
+    def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
+        """The global prototypes (no weights)."""
+        return {"prototypes": server["prototypes"], "known": server["known"]}
+
+    def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
+        """Per-class mean of the uploaded prototypes over the clients holding the class (``weighting``)."""
+        server["prototypes"], server["known"] = mean_prototypes(
+            server["prototypes"], server["known"], replies, self.weighting
+        )
+        return server
+
+    def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
+        """No global model."""
+        return None
+
+    # ----- client -----
+    def local_update(
+        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    ) -> tuple[Reply, Any]:
+        """Train the own model (as delivered at first participation), then upload the held classes'
+        prototypes and counts; the state is the model and the client's classes."""
+        d = payload["prototypes"].shape[1]
+        if int(model.feature_dim) != d:
+            raise UserError(
+                f"FedProto needs one representation size: the prototypes have d={d}, client {data.id}'s "
+                f"model has feature_dim={int(model.feature_dim)}"
+            )
+        if state is not None:
+            model.load_state_dict(state["model"])
+        loss = self.train(model, data, payload, state, rng)
+        classes, counts, means = raw_class_means(model, data)
+        reply = {
+            "classes": classes,
+            "class_counts": counts,
+            "class_means": means,
+            "num_samples": data.num_samples,
+            "train_loss": loss,
+        }
+        return reply, {"model": clone_state(model), "classes": classes}
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+        """CE + lambda * MSE(z, C_y) (classes without a global prototype add 0)."""
+        x, y = batch
+        z = model.features(x)
+        ce = F.cross_entropy(model.head(z), y)
+        if self.lam == 0.0:
+            return ce
+        return ce + self.lam * prototype_mse(z, y, payload["prototypes"], payload["known"])
+
+    def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
+        """The own model, classifying by the nearest received global prototype (``predict``)."""
+        model.load_state_dict(state["model"])
+        allowed = payload["known"].clone()
+        if self.predict == "prototype_local":
+            own = torch.zeros_like(allowed)
+            own[state["classes"]] = True
+            allowed &= own
+        if self.predict == "head" or not bool(allowed.any()):
+            return model
+        return NearestPrototype(model, payload["prototypes"], allowed)

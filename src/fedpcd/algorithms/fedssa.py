@@ -1,0 +1,197 @@
+"""FedSSA (Yi et al., "FedSSA: Semantic Similarity-based Aggregation for Efficient Model-Heterogeneous
+Personalized Federated Learning", IJCAI 2024), Alg. 1, Eq. (3)-(6); specs/fedssa.md section 2.
+
+Each client keeps its whole model (any architecture: heterogeneous extractor F_k) private; only the header
+H, a Linear(D -> S) of the same shape for every client, is federated, and only row by row. With
+theta^s = (W[s, :], b[s]) the slice of output neuron s and S_k the classes client k holds:
+
+- Local -> global, Eq. (3): client k uploads {theta_k^s : s in S_k}; the server averages each class over the
+  round's participants holding it, unweighted: theta^{t,s} = mean_{k in K_s^t} theta_k^{t,s}; a class
+  nobody uploaded keeps theta^{t-1,s}. ``aggregation="cached_all"`` is the official code's variant: the
+  server keeps every client's latest rows and averages over all clients that own s (stale rows included).
+- Global -> local, Eq. (4), adaptive parameter stabilisation: before training, for s in S_k,
+  theta_k^s <- theta^{t-1,s} + mu^t theta_k^s, literally (weights summing to 1 + mu^t, as paper and code);
+  unseen rows and the extractor stay the client's own. ``fusion="convex"`` uses (1 - mu^t) theta^{t-1,s} +
+  mu^t theta_k^s instead: NOT faithful (spec pitfall P2), offered for study only.
+- Schedule: mu^t = mu_0 cos(pi t / (2 T_stable)) for t <= T_stable, else 0; t is the global round index
+  from 0 (``self.round - 1``).
+- Local training, Eq. (6): plain cross-entropy over all S logits, all parameters (the shared loop).
+- Inference: each client's own model after its local training. There is no global model (GA is None).
+
+Ablations of Table 3 (``case``): "C" is FedSSA; "B" replaces the seen rows by the global ones (mu = 0);
+"A" replaces the whole local header by the global one (the full header is downloaded).
+
+Library choices, each documented: the server learns S_k from a client's first upload (the class ids travel
+with the rows), so a client's very first download is the whole header, later ones only its seen rows
+(the paper's count |S_k|(D+1) per direction holds from then on; ids are |S_k| int64 up). Under
+``cached_all`` a client the server has not heard from yet is not averaged in (the official code, which
+knows every S_j in advance, averages its initial rows too); with full participation both aggregations are
+identical. ``upload="zero_filled"`` is the privacy variant of Sec. 4.3: the full header with unseen rows
+zeroed plus the class mask; the server aggregates by the mask, so the result equals the sparse upload.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, clone_state
+from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.errors import UserError
+
+
+def stabilisation_weight(t: int, mu0: float, t_stable: int) -> float:
+    """mu^t = mu0 cos(pi t / (2 T_stable)) for 0 <= t <= T_stable, else 0 (Sec. 3.3; t from 0)."""
+    if t_stable <= 0 or t > t_stable:
+        return 0.0
+    return mu0 * math.cos(math.pi * t / (2 * t_stable))
+
+
+def per_class_mean(
+    weight: Tensor, bias: Tensor, uploads: Sequence[tuple[Tensor, Tensor, Tensor]]
+) -> tuple[Tensor, Tensor]:
+    """Eq. (3): each row s becomes the unweighted mean of the uploaded rows of class s; rows nobody
+    uploaded keep their value. ``uploads``: (class ids, weight rows, bias rows) per client."""
+    sum_w, sum_b = torch.zeros_like(weight), torch.zeros_like(bias)
+    count = torch.zeros(len(bias), dtype=weight.dtype)
+    for classes, w, b in uploads:
+        sum_w.index_add_(0, classes, w)
+        sum_b.index_add_(0, classes, b)
+        count.index_add_(0, classes, torch.ones(len(classes), dtype=weight.dtype))
+    held = count > 0
+    new_w, new_b = weight.clone(), bias.clone()
+    new_w[held] = sum_w[held] / count[held, None]
+    new_b[held] = sum_b[held] / count[held]
+    return new_w, new_b
+
+
+def seen_classes(data: ClientData) -> Tensor:
+    """S_k: the classes present in the client's training split, ascending."""
+    return torch.nonzero(data.label_counts).flatten()
+
+
+@ALGORITHMS.register("fedssa")
+@dataclass
+class FedSSA(FedAvg):
+    """FedSSA: private heterogeneous extractors; header rows of seen classes averaged per class (Eq. 3-4)."""
+
+    heterogeneous: ClassVar[bool] = True
+
+    mu0: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5  # mu_0 (code: 0.5; paper: tuned in (0, 1])
+    # T_stable; None: the official scripts' values, 2 for model-heterogeneous runs and 45 for homogeneous ones
+    t_stable: Annotated[int, Field(ge=0)] | None = None
+    aggregation: Literal["participants", "cached_all"] = "participants"  # paper Alg. 1 / official code
+    fusion: Literal["literal", "convex"] = "literal"  # "convex" is NOT faithful (spec P2)
+    case: Literal["C", "B", "A"] = "C"  # Table 3: C = FedSSA, B = mu 0, A = whole header replaced
+    upload: Literal["seen_rows", "zero_filled"] = "seen_rows"  # zero_filled: privacy variant (Sec. 4.3)
+
+    def stable_rounds(self) -> int:
+        if self.t_stable is not None:
+            return self.t_stable
+        return 2 if self.ctx.heterogeneous else 45
+
+    def mu(self, t: int) -> float:
+        """mu^t of the schedule for global round index t (0-based); 0 for ablation cases A and B."""
+        if self.case != "C":
+            return 0.0
+        return stabilisation_weight(t, self.mu0, self.stable_rounds())
+
+    # ----- server -----
+    def init_server(self, model: nn.Module) -> dict[str, Any]:
+        """theta^{-1}: the reference model's initial header; no client's classes known yet."""
+        n, s = self.ctx.num_clients, self.ctx.num_classes
+        head = model.head
+        server: dict[str, Any] = {
+            "weight": head.weight.detach().clone(),
+            "bias": head.bias.detach().clone(),
+            "seen": torch.zeros(n, s, dtype=torch.bool),  # S_k as learnt from uploads
+            "known": torch.zeros(n, dtype=torch.bool),
+        }
+        if self.aggregation == "cached_all":
+            server["cache_weight"] = server["weight"].expand(n, -1, -1).clone()
+            server["cache_bias"] = server["bias"].expand(n, -1).clone()
+        return server
+
+    def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
+        """The seen rows of theta^{t-1} (ascending class order); the whole header before the first upload
+        and for case A."""
+        if self.case == "A" or not bool(server["known"][client_id]):
+            return {"weight": server["weight"], "bias": server["bias"]}
+        rows = server["seen"][client_id]
+        return {"weight": server["weight"][rows], "bias": server["bias"][rows]}
+
+    def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
+        """Eq. (3) over this round's participants, or over every client's cached rows (``cached_all``)."""
+        uploads = [self.upload_rows(r) for r in replies]
+        for r, (classes, w, b) in zip(replies, uploads, strict=True):
+            k = int(r["client"])
+            server["known"][k] = True
+            server["seen"][k] = False
+            server["seen"][k, classes] = True
+            if self.aggregation == "cached_all":
+                server["cache_weight"][k, classes] = w
+                server["cache_bias"][k, classes] = b
+        if self.aggregation == "cached_all":
+            uploads = []
+            for k in torch.nonzero(server["known"]).flatten().tolist():
+                cls = torch.nonzero(server["seen"][k]).flatten()
+                uploads.append((cls, server["cache_weight"][k, cls], server["cache_bias"][k, cls]))
+        server["weight"], server["bias"] = per_class_mean(server["weight"], server["bias"], uploads)
+        return server
+
+    @staticmethod
+    def upload_rows(reply: Reply) -> tuple[Tensor, Tensor, Tensor]:
+        """(class ids, weight rows, bias rows) of a reply, from either upload format."""
+        if "mask" in reply:
+            classes = torch.nonzero(reply["mask"]).flatten()
+            return classes, reply["weight"][classes], reply["bias"][classes]
+        return reply["classes"], reply["weight"], reply["bias"]
+
+    def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
+        """No global model: the header alone classifies nothing."""
+        return None
+
+    # ----- client -----
+    def local_update(
+        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    ) -> tuple[Reply, Any]:
+        """Load the own model, fuse the header (Eq. 4), train with CE (Eq. 6), upload the seen rows."""
+        if state is not None:
+            model.load_state_dict(state)
+        classes = seen_classes(data)
+        self.fuse(model, payload, classes)
+        loss = self.train(model, data, payload, state, rng)
+        w, b = model.head.weight.detach(), model.head.bias.detach()
+        reply: Reply = {"client": data.id, "num_samples": data.num_samples, "train_loss": loss}
+        if self.upload == "zero_filled":
+            mask = torch.zeros(len(b), dtype=torch.bool)
+            mask[classes] = True
+            reply.update(weight=w * mask[:, None], bias=b * mask, mask=mask)
+        else:
+            reply.update(classes=classes, weight=w[classes].clone(), bias=b[classes].clone())
+        return reply, clone_state(model)
+
+    def fuse(self, model: nn.Module, payload: Payload, classes: Tensor) -> None:
+        """Eq. (4) on the rows of ``classes`` (all rows for case A), in place; the extractor is untouched."""
+        head = model.head
+        gw, gb = payload["weight"], payload["bias"]
+        if gw.shape[1] != head.weight.shape[1] or len(head.bias) != self.ctx.num_classes:
+            raise UserError(
+                f"FedSSA needs every client's header to be Linear({gw.shape[1]} -> {self.ctx.num_classes}), "
+                f"got Linear({head.weight.shape[1]} -> {len(head.bias)}); use one feature_dim"
+            )
+        full = len(gb) == self.ctx.num_classes
+        rows = torch.arange(self.ctx.num_classes) if self.case == "A" else classes
+        if full:  # the whole header arrived: pick the rows to fuse
+            gw, gb = gw[rows], gb[rows]
+        mu = self.mu(self.round - 1)
+        keep = 1.0 if self.fusion == "literal" else 1.0 - mu
+        with torch.no_grad():
+            head.weight[rows] = keep * gw + mu * head.weight[rows]
+            head.bias[rows] = keep * gb + mu * head.bias[rows]
