@@ -7,7 +7,7 @@ import yaml
 
 from fedpcd.cli import main
 from fedpcd.errors import UserError
-from fedpcd.report import last_mean, load_runs, report_table
+from fedpcd.report import group_runs, last_mean, load_runs, report_table
 from fedpcd.sweep import expand_sweep, run_status
 
 
@@ -69,6 +69,12 @@ def test_sweep_runs_skips_finished_and_report_groups_seeds(tmp_path, capsys):
     assert len(rows) == 2  # two partitions, seeds grouped
     assert all("| 2 |" in row for row in rows)
     assert any(row.startswith("| dirichlet beta=0.3 min_size=5 |") for row in rows)
+    header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    up = header.index("kB up/rnd")
+    for row, group in zip(rows, group_runs(runs)[1].values(), strict=True):
+        per_run = [sum(r["bytes_up"] for r in run.records) / len(run.records) for run in group]
+        expected = sum(per_run) / len(per_run) / 1e3
+        assert float(row.strip("|").split("|")[up]) == pytest.approx(expected, abs=0.05)
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "curves.png").stat().st_size > 1000
     assert "PA-split" in (tmp_path / "rep" / "report.md").read_text()

@@ -20,6 +20,7 @@ from fedpcd.errors import UserError
 
 METRICS = [("global_acc", "GA"), ("personal_acc", "PA-split"), ("pa_l", "PA-L"), ("pa_v", "PA-V")]
 IGNORED = {"seed", "output_dir"}
+TRAFFIC = ["kB up/rnd", "kB down/rnd"]  # mean bytes per round, all participants together
 
 
 @dataclass
@@ -62,6 +63,11 @@ def last_mean(records: list[dict[str, Any]], key: str, last: int) -> float | Non
     """Mean of ``key`` over the last ``last`` evaluated rounds that have it (None if none do)."""
     values = [r[key] for r in records if r.get(key) is not None][-last:]
     return sum(values) / len(values) if values else None
+
+
+def mean_bytes(records: list[dict[str, Any]], key: str) -> float:
+    """Mean communication of an evaluated round (``bytes_up`` or ``bytes_down``, all participants)."""
+    return statistics.fmean(r[key] for r in records) if records else 0.0
 
 
 def _mean_std(values: list[float]) -> str:
@@ -119,7 +125,7 @@ def report_table(runs: list[Run], last: int = 5) -> str:
     """A markdown table: one row per setting, metrics as mean ± std over seeds of the last-rounds mean."""
     varying, groups = group_runs(runs)
     sections = list(dict.fromkeys(name.partition(".")[0] for name in varying))
-    header = sections + ["seeds"] + [label for _, label in METRICS] + ["rounds", "wall s"]
+    header = [*sections, "seeds", *(label for _, label in METRICS), "rounds", *TRAFFIC, "wall s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, members in groups.items():
         cells = list(setting_columns(varying, key).values()) + [str(len(members))]
@@ -127,6 +133,8 @@ def report_table(runs: list[Run], last: int = 5) -> str:
             vals = [m for m in (last_mean(r.records, metric, last) for r in members) if m is not None]
             cells.append(_mean_std(vals))
         cells.append(str(members[0].summary["rounds"]))
+        for direction in ("bytes_up", "bytes_down"):
+            cells.append(f"{statistics.fmean(mean_bytes(r.records, direction) for r in members) / 1e3:.1f}")
         cells.append(f"{statistics.fmean(r.summary['wall_s'] for r in members):.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
