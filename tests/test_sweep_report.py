@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
 from fedpcd.cli import main
+from fedpcd.config import load_config
 from fedpcd.errors import UserError
 from fedpcd.report import group_runs, last_mean, load_runs, report_table
 from fedpcd.sweep import expand_sweep, run_status
@@ -90,3 +93,19 @@ def test_last_mean_by_hand():
 def test_report_without_runs_is_user_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no finished runs" in capsys.readouterr().err
+
+
+def test_runs_written_before_a_key_existed_group_with_new_ones(tmp_path):
+    for seed, drop in ((0, True), (1, False)):
+        cfg = load_config(None, ["dataset.name=synthetic", "model.name=mlp", "rounds=1", f"seed={seed}"])
+        data = cfg.to_dict()
+        if drop:  # as written by an older fedpcd
+            del data["personal_test"], data["model"]["clients"]
+        folder = tmp_path / f"run{seed}"
+        folder.mkdir()
+        (folder / "config.yaml").write_text(yaml.safe_dump(data))
+        record = {"round": 1, "global_acc": 0.5, "bytes_up": 0, "bytes_down": 0}
+        (folder / "metrics.jsonl").write_text(json.dumps(record))
+        (folder / "summary.json").write_text(json.dumps({"rounds": 1, "wall_s": 1.0}))
+    _, groups = group_runs(load_runs(tmp_path))
+    assert len(groups) == 1

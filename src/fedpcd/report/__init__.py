@@ -42,6 +42,17 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def current_form(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config with the keys added since it was written filled with their defaults, so runs made
+    by an older fedpcd group with new ones (unchanged if it no longer validates)."""
+    from fedpcd.config import config_from_dict
+
+    try:
+        return config_from_dict(config).to_dict()
+    except UserError:
+        return config
+
+
 def load_runs(root: str | Path) -> list[Run]:
     """Every finished run (a folder with summary.json) below ``root``."""
     root = Path(root)
@@ -50,7 +61,7 @@ def load_runs(root: str | Path) -> list[Run]:
     runs = []
     for summary_path in sorted(root.rglob("summary.json")):
         folder = summary_path.parent
-        config = yaml.safe_load((folder / "config.yaml").read_text())
+        config = current_form(yaml.safe_load((folder / "config.yaml").read_text()))
         lines = (folder / "metrics.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines if line.strip()]
         runs.append(Run(folder, config, records, json.loads(summary_path.read_text())))
