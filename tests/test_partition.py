@@ -326,6 +326,20 @@ def test_fedssa_cifar_like_structure() -> None:
     assert ((counts > 0).sum(axis=0) == 1).all() and set(counts[counts > 0].tolist()) == {40}
 
 
+def test_fedssa_official_rule_can_repeat_a_class_distinct_never_does() -> None:
+    y = np.repeat(np.arange(10), 400)
+    fewer = []
+    for rule in ("distinct", "official"):
+        part = make_partition(y, BALANCED_TEST, 100, "fedssa", {"classes_per_client": 4, "rule": rule}, 0)
+        held = (part.train_counts(y) > 0).sum(axis=1)
+        fewer.append(int((held < 4).sum()))
+        sizes = [len(ix) for ix in part.train]
+        assert len(np.concatenate(part.train)) == len(set(np.concatenate(part.train).tolist())) == sum(sizes)
+    assert fewer[0] == 0 and fewer[1] > 0  # spec P8: some clients hold < 4 classes under the official pick
+    with pytest.raises(UserError, match="rule must be"):
+        make_partition(y, BALANCED_TEST, 10, "fedssa", {"rule": "other"}, 0)
+
+
 def test_fedssa_proportions_train_vs_test() -> None:
     y = np.repeat(np.arange(5), 1000)
     yt = np.repeat(np.arange(5), 200)

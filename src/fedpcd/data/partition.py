@@ -428,6 +428,7 @@ def fedssa(
     rng: np.random.Generator,
     *,
     classes_per_client: int = 2,
+    rule: str = "distinct",
 ) -> list[np.ndarray]:
     """FedSSA's "k of S classes per client" (pFedHN style; specs/fedssa.md section 4, steps 1-3).
 
@@ -442,13 +443,16 @@ def fedssa(
     Deviations, both invisible when S divides k*K (every setting in the paper): the spec's m = floor(k*K/S)
     runs out of proportions (the official code crashes on ``pop``) when S does not divide k*K, so m is rounded
     up; and a client never picks a class twice (the official rule can repeat a class when it is the sole
-    argmax). With these, every client always gets exactly k distinct classes.
+    argmax). With these, every client always gets exactly k distinct classes. ``rule="official"`` keeps the
+    official pick (a class may be picked twice, the client then holds two chunks of it and fewer than k
+    distinct classes: spec pitfall P8); m stays rounded up.
     """
     k = classes_per_client
     _require(
         1 <= k <= num_classes,
         f"fedssa classes_per_client must be between 1 and the number of classes ({num_classes}), got {k}",
     )
+    _require(rule in ("distinct", "official"), f"fedssa rule must be 'distinct' or 'official', got {rule!r}")
     m = -(-k * num_clients // num_classes)
     props: list[list[float]] = []
     for _ in range(num_classes):
@@ -460,7 +464,8 @@ def fedssa(
         mine: list[int] = []
         for _ in range(k):
             avail = remaining.copy()
-            avail[mine] = np.iinfo(np.int64).min
+            if rule == "distinct":
+                avail[mine] = np.iinfo(np.int64).min
             cands = np.flatnonzero(avail == avail.max())
             c = int(cands[rng.integers(len(cands))])
             remaining[c] -= 1
