@@ -28,6 +28,10 @@ with the rows), so a client's very first download is the whole header, later one
 knows every S_j in advance, averages its initial rows too); with full participation both aggregations are
 identical. ``upload="zero_filled"`` is the privacy variant of Sec. 4.3: the full header with unseen rows
 zeroed plus the class mask; the server aggregates by the mask, so the result equals the sparse upload.
+Every client starts from its own copy of its architecture's seeded initial weights (spec P6's library
+default); the official scripts' aliasing quirks (shared init dicts written in place, a new client starting
+from the last trained peer of its architecture) depend on in-process object sharing that a deployable client
+cannot have, and are not emulated.
 """
 
 from __future__ import annotations
