@@ -249,15 +249,20 @@ def balanced_softmax_loss(logits: Tensor, y: Tensor, log_p: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def raw_class_means(model: nn.Module, data: ClientData, chunk: int = 512) -> tuple[Tensor, Tensor, Tensor]:
-    """(held classes, counts n_c, mean features g_c) of the client's training samples, in eval mode."""
+def raw_class_means(
+    model: nn.Module, data: ClientData, chunk: int = 512, output: Literal["features", "logits"] = "features"
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(held classes, counts n_c, class means g_c) of the client's training samples, in eval mode: the mean
+    representation ``model.features(x)`` (prototypes) or the mean output ``model(x)`` (FD's logits)."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(data.num_classes, model.feature_dim)
+    embed = model.features if output == "features" else model
+    width = model.feature_dim if output == "features" else data.num_classes
+    sums = torch.zeros(data.num_classes, width)
     idx = data.train_idx
     for start in range(0, len(idx), chunk):
         part = idx[start : start + chunk]
-        sums.index_add_(0, data.y[part], model.features(data.x[part]).float())
+        sums.index_add_(0, data.y[part], embed(data.x[part]).float())
     model.train(was_training)
     counts = data.label_counts
     held = torch.nonzero(counts > 0).flatten()

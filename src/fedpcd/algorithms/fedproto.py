@@ -55,7 +55,8 @@ PROTOTYPE_STREAM = 0x465054  # seed stream of the initial U[0,1) prototypes ("FP
 
 def prototype_mse(z: Tensor, y: Tensor, prototypes: Tensor, known: Tensor) -> Tensor:
     """mean over the batch and the d dimensions of (z - C_y)^2; samples of a class without a prototype
-    (``known[y]`` False) add 0 to the sum but count in the mean. Prototypes are constants."""
+    (``known[y]`` False) add 0 to the sum but count in the mean. Prototypes are constants. (FD uses it on
+    logits: z = the model's outputs, C = the global per-class mean logits.)"""
     diff = (z - prototypes[y].detach()) * known[y, None].to(z.dtype)
     return diff.pow(2).sum() / z.numel()
 
@@ -84,18 +85,69 @@ class NearestPrototype(nn.Module):
         return (-dist).masked_fill(~self.allowed, float("-inf"))
 
 
-@ALGORITHMS.register("fedproto")
 @dataclass
-class FedProto(FedAvg):
-    """FedProto: private models regularised towards global class prototypes; only prototypes travel."""
+class ClassMeanExchange(FedAvg):
+    """Private whole models that exchange only per-class means of some output (FedProto's prototypes, FD's
+    logits): the server averages them per class over this round's holders, unreported classes keep theirs.
+
+    Subclasses name what travels (``statistic``: a payload/server key, and ``output`` for
+    :func:`raw_class_means`) and the initial server state; the client state is the own model and classes.
+    """
 
     heterogeneous: ClassVar[bool] = True
+    statistic: ClassVar[str] = "prototypes"
+    output: ClassVar[Literal["features", "logits"]] = "features"
+
+    weighting: Literal["uniform", "samples"] = "uniform"
+
+    def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
+        """The global class means and the mask of classes that have one (no weights)."""
+        return {self.statistic: server[self.statistic], "known": server["known"]}
+
+    def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
+        """Per-class mean of the uploaded class means over the clients holding the class (``weighting``)."""
+        server[self.statistic], server["known"] = mean_prototypes(
+            server[self.statistic], server["known"], replies, self.weighting
+        )
+        return server
+
+    def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
+        """No global model."""
+        return None
+
+    def check_payload(self, model: nn.Module, data: ClientData, payload: Payload) -> None:
+        """Raise a UserError when the client's model cannot use the payload (default: always can)."""
+
+    def local_update(
+        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    ) -> tuple[Reply, Any]:
+        """Train the own model (as delivered at first participation), then upload the held classes' means
+        and counts; the state is the model and the client's classes."""
+        self.check_payload(model, data, payload)
+        if state is not None:
+            model.load_state_dict(state["model"])
+        loss = self.train(model, data, payload, state, rng)
+        classes, counts, means = raw_class_means(model, data, output=self.output)
+        reply = {
+            "classes": classes,
+            "class_counts": counts,
+            "class_means": means,
+            "num_samples": data.num_samples,
+            "train_loss": loss,
+        }
+        return reply, {"model": clone_state(model), "classes": classes}
+
+
+@ALGORITHMS.register("fedproto")
+@dataclass
+class FedProto(ClassMeanExchange):
+    """FedProto: private models regularised towards global class prototypes; only prototypes travel."""
 
     # lambda of the prototype term. 0.1: specs/fednh.md sec. 3 and 5 (the FedNH paper's and code's value);
     # the FedProto paper tunes it per dataset. lambda = 0: local training with CE alone.
     lam: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.1
     init: Literal["uniform", "none"] = "uniform"  # "uniform": [C], specs/fednh.md sec. 5; "none": [O]
-    weighting: Literal["uniform", "samples"] = "uniform"  # "uniform": [O], [C], the spec; "samples": [P]
+    # weighting (inherited) "uniform": [O], [C], the spec; "samples": [P]
     predict: Literal["prototype", "prototype_local", "head"] = "prototype"  # "prototype": [C], spec sec. 4
 
     # ----- server -----
@@ -107,45 +159,15 @@ class FedProto(FedAvg):
             return {"prototypes": torch.rand(c, d, generator=g), "known": torch.ones(c, dtype=torch.bool)}
         return {"prototypes": torch.zeros(c, d), "known": torch.zeros(c, dtype=torch.bool)}
 
-    def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
-        """The global prototypes (no weights)."""
-        return {"prototypes": server["prototypes"], "known": server["known"]}
-
-    def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
-        """Per-class mean of the uploaded prototypes over the clients holding the class (``weighting``)."""
-        server["prototypes"], server["known"] = mean_prototypes(
-            server["prototypes"], server["known"], replies, self.weighting
-        )
-        return server
-
-    def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
-        """No global model."""
-        return None
-
     # ----- client -----
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Train the own model (as delivered at first participation), then upload the held classes'
-        prototypes and counts; the state is the model and the client's classes."""
+    def check_payload(self, model: nn.Module, data: ClientData, payload: Payload) -> None:
+        """One representation size d for all clients."""
         d = payload["prototypes"].shape[1]
         if int(model.feature_dim) != d:
             raise UserError(
                 f"FedProto needs one representation size: the prototypes have d={d}, client {data.id}'s "
                 f"model has feature_dim={int(model.feature_dim)}"
             )
-        if state is not None:
-            model.load_state_dict(state["model"])
-        loss = self.train(model, data, payload, state, rng)
-        classes, counts, means = raw_class_means(model, data)
-        reply = {
-            "classes": classes,
-            "class_counts": counts,
-            "class_means": means,
-            "num_samples": data.num_samples,
-            "train_loss": loss,
-        }
-        return reply, {"model": clone_state(model), "classes": classes}
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
         """CE + lambda * MSE(z, C_y) (classes without a global prototype add 0)."""
