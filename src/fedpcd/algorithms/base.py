@@ -269,6 +269,15 @@ def raw_class_means(
     return held, counts[held], sums[held] / counts[held, None]
 
 
+def class_means_reply(
+    model: nn.Module, data: ClientData, output: Literal["features", "logits"] = "features"
+) -> dict[str, Tensor]:
+    """The reply fields of a class-mean upload: held ``classes``, their ``class_counts`` and ``class_means``
+    (:func:`raw_class_means`), what :func:`aggregate_prototypes` reads."""
+    classes, counts, means = raw_class_means(model, data, output=output)
+    return {"classes": classes, "class_counts": counts, "class_means": means}
+
+
 def aggregate_prototypes(
     prototypes: Tensor, known: Tensor, replies: Sequence[Mapping[str, Any]]
 ) -> tuple[Tensor, Tensor]:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, raw_class_means
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply
 from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
 from fedpcd.utils import derive_seed
 
@@ -211,8 +211,7 @@ class FedMR(FedAvg):
         self._lite_rng = torch.Generator().manual_seed(derive_seed(rng.initial_seed(), LITE_STREAM))
         reply, state = super().local_update(model, data, payload, state, rng)
         if self.uses_prototypes and payload.get("submit", False):
-            classes, counts, means = raw_class_means(model, data)
-            reply.update({"classes": classes, "class_counts": counts, "class_means": means})
+            reply.update(class_means_reply(model, data))
         return reply, state
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:

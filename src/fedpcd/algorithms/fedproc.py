@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, raw_class_means
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply
 from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
 
 
@@ -81,8 +81,7 @@ class FedProc(FedAvg):
     ) -> tuple[Reply, Any]:
         """FedAvg's local update, then the class means of the final local model's features."""
         reply, state = super().local_update(model, data, payload, state, rng)
-        classes, counts, means = raw_class_means(model, data)
-        reply.update({"classes": classes, "class_counts": counts, "class_means": means})
+        reply.update(class_means_reply(model, data))
         return reply, state
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:

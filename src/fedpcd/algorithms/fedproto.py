@@ -45,7 +45,13 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, clone_state, raw_class_means
+from fedpcd.algorithms.base import (
+    ALGORITHMS,
+    ClientData,
+    aggregate_prototypes,
+    class_means_reply,
+    clone_state,
+)
 from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
 from fedpcd.errors import UserError
 from fedpcd.utils import derive_seed
@@ -91,7 +97,7 @@ class ClassMeanExchange(FedAvg):
     logits): the server averages them per class over this round's holders, unreported classes keep theirs.
 
     Subclasses name what travels (``statistic``: a payload/server key, and ``output`` for
-    :func:`raw_class_means`) and the initial server state; the client state is the own model and classes.
+    :func:`class_means_reply`) and the initial server state; the client state is the own model and classes.
     """
 
     heterogeneous: ClassVar[bool] = True
@@ -127,15 +133,9 @@ class ClassMeanExchange(FedAvg):
         if state is not None:
             model.load_state_dict(state["model"])
         loss = self.train(model, data, payload, state, rng)
-        classes, counts, means = raw_class_means(model, data, output=self.output)
-        reply = {
-            "classes": classes,
-            "class_counts": counts,
-            "class_means": means,
-            "num_samples": data.num_samples,
-            "train_loss": loss,
-        }
-        return reply, {"model": clone_state(model), "classes": classes}
+        reply = {**class_means_reply(model, data, self.output), "num_samples": data.num_samples}
+        reply["train_loss"] = loss
+        return reply, {"model": clone_state(model), "classes": reply["classes"]}
 
 
 @ALGORITHMS.register("fedproto")

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, raw_class_means
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, class_means_reply
 from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
 
 U_MIN = 1e-6  # clamp of the U normaliser (spec 2.3)
@@ -258,9 +258,9 @@ class FedSC(FedAvg):
             classes = torch.nonzero(self._counts > 0).flatten()
             counts, means = self._counts[classes], self._sums[classes] / self._counts[classes, None]
             del self._sums, self._counts
+            reply.update({"classes": classes, "class_counts": counts, "class_means": means})
         else:
-            classes, counts, means = raw_class_means(model, data)
-        reply.update({"classes": classes, "class_counts": counts, "class_means": means})
+            reply.update(class_means_reply(model, data))
         return reply, state
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
