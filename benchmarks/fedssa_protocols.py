@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from fedpcd.report import group_runs, last_mean, load_runs, setting_columns
+from fedpcd.report import group_runs, last_mean, load_runs, mean_std, setting_columns
 
 
 def best_round(records: list[dict]) -> float:
@@ -30,11 +30,6 @@ def all_clients(records: list[dict]) -> float:
     return statistics.fmean(latest.values())
 
 
-def cell(values: list[float]) -> str:
-    mean = 100 * statistics.fmean(values)
-    return f"{mean:.2f} ± {100 * statistics.stdev(values):.2f}" if len(values) > 1 else f"{mean:.2f}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs_dir")
@@ -48,7 +43,7 @@ def main() -> None:
         last = [last_mean(r.records, "personal_acc", args.last) for r in runs]
         best = [best_round(r.records) for r in runs]
         every = [all_clients(r.records) for r in runs]
-        print(f"| {name} | {cell(last)} | {cell(best)} | {cell(every)} |")
+        print(f"| {name} | {mean_std(last)} | {mean_std(best)} | {mean_std(every)} |")
 
 
 if __name__ == "__main__":

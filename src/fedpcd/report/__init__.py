@@ -81,7 +81,8 @@ def mean_bytes(records: list[dict[str, Any]], key: str) -> float:
     return statistics.fmean(r[key] for r in records) if records else 0.0
 
 
-def _mean_std(values: list[float]) -> str:
+def mean_std(values: list[float]) -> str:
+    """Fractions as "mean ± std" in %, two decimals ("-" if empty, no std for one value)."""
     if not values:
         return "-"
     mean = 100 * statistics.fmean(values)
@@ -142,7 +143,7 @@ def report_table(runs: list[Run], last: int = 5) -> str:
         cells = list(setting_columns(varying, key).values()) + [str(len(members))]
         for metric, _ in METRICS:
             vals = [m for m in (last_mean(r.records, metric, last) for r in members) if m is not None]
-            cells.append(_mean_std(vals))
+            cells.append(mean_std(vals))
         cells.append(str(members[0].summary["rounds"]))
         for direction in ("bytes_up", "bytes_down"):
             cells.append(f"{statistics.fmean(mean_bytes(r.records, direction) for r in members) / 1e3:.1f}")
