@@ -10,7 +10,14 @@ import yaml
 from fedpcd.cli import main
 from fedpcd.config import load_config
 from fedpcd.errors import UserError
-from fedpcd.report import group_runs, last_mean, load_runs, report_table
+from fedpcd.report import (
+    group_runs,
+    last_mean,
+    load_runs,
+    report_table,
+    rounds_cell,
+    rounds_to_target,
+)
 from fedpcd.sweep import expand_sweep, run_status
 
 
@@ -88,6 +95,38 @@ def test_last_mean_by_hand():
     assert last_mean(records, "global_acc", 2) == pytest.approx(0.7)
     assert last_mean(records, "global_acc", 10) == pytest.approx(0.5)
     assert last_mean(records, "pa_l", 2) is None
+
+
+def test_rounds_to_target_by_hand():
+    curve = [(2, 0.3), (4, None), (6, 0.55), (8, 0.5), (10, 0.8)]
+    records = [{"round": r, "global_acc": a} for r, a in curve]
+    assert rounds_to_target(records, "global_acc", 0.3) == 2
+    assert rounds_to_target(records, "global_acc", 0.5) == 6  # first crossing, not the last
+    assert rounds_to_target(records, "global_acc", 0.81) is None
+    assert rounds_to_target(records, "pa_l", 0.1) is None
+    assert rounds_cell([2, 6, 7]) == "5.0"
+    assert rounds_cell([4, None, 6]) == "5.0 (2/3)"
+    assert rounds_cell([None, None]) == "-"
+
+
+def test_report_rounds_to_columns(tmp_path, capsys):
+    for seed, curve in ((0, [0.2, 0.5, 0.7]), (1, [0.4, 0.45, 0.5])):
+        folder = tmp_path / f"run{seed}"
+        folder.mkdir()
+        cfg = load_config(None, ["dataset.name=synthetic", "model.name=mlp", "rounds=3", f"seed={seed}"])
+        (folder / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+        lines = [
+            {"round": i + 1, "global_acc": a, "bytes_up": 0, "bytes_down": 0} for i, a in enumerate(curve)
+        ]
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+        (folder / "summary.json").write_text(json.dumps({"rounds": 3, "wall_s": 1.0}))
+    table = report_table(load_runs(tmp_path), last=1, rounds_to=[40, 60])
+    header, _, row = table.splitlines()
+    cells = dict(zip(header.strip("|").split("|"), row.strip("|").split("|"), strict=True))
+    assert cells[" R40% "].strip() == "1.5"  # seed 0 at round 2, seed 1 at round 1
+    assert cells[" R60% "].strip() == "3.0 (1/2)"  # only seed 0 reaches 60%
+    assert main(["report", str(tmp_path), "--rounds-to", "0"]) == 2
+    assert "not a GA percentage in (0, 100]" in capsys.readouterr().err
 
 
 def test_report_without_runs_is_user_error(tmp_path, capsys):

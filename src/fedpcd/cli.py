@@ -97,7 +97,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     from fedpcd.report import write_report
 
-    print(write_report(args.runs_dir, args.out, last=args.last), end="")
+    print(write_report(args.runs_dir, args.out, last=args.last, rounds_to=args.rounds_to), end="")
     if args.out:
         print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'curves.png'}")
 
@@ -179,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", help="write report.md and curves.png here")
     report.add_argument(
         "--last", type=int, default=5, help="average each run over its last N evaluated rounds"
+    )
+    report.add_argument(
+        "--rounds-to",
+        type=float,
+        nargs="+",
+        default=[],
+        metavar="X",
+        help="add columns R<X>%%: the first round at which GA reaches X%% (FedSC's convergence view)",
     )
     report.set_defaults(func=cmd_report)
 

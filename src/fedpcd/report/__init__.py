@@ -3,13 +3,15 @@
 Runs that differ only in their seed form one row; each metric is the mean over the last ``last`` evaluated
 rounds of a run (GA of FedAvg swings by several points between rounds under label skew, so one round is
 noise), then mean +- standard deviation over seeds. The columns that tell rows apart are the config keys
-whose values differ between rows.
+whose values differ between rows. Optionally, the convergence view of FedSC's Table 3: R_x, the first
+round at which GA reaches x%, averaged over the seeds that reach it.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,23 @@ def last_mean(records: list[dict[str, Any]], key: str, last: int) -> float | Non
     return sum(values) / len(values) if values else None
 
 
+def rounds_to_target(records: list[dict[str, Any]], key: str, target: float) -> int | None:
+    """The first evaluated round whose ``key`` is >= ``target`` (a fraction); None if none is."""
+    for record in records:
+        if record.get(key) is not None and record[key] >= target:
+            return int(record["round"])
+    return None
+
+
+def rounds_cell(rounds: list[int | None]) -> str:
+    """Mean first round over the seeds that reached the target; "(k/n)" unless all did; "-" if none did."""
+    reached = [r for r in rounds if r is not None]
+    if not reached:
+        return "-"
+    text = f"{statistics.fmean(reached):.1f}"
+    return text if len(reached) == len(rounds) else f"{text} ({len(reached)}/{len(rounds)})"
+
+
 def mean_bytes(records: list[dict[str, Any]], key: str) -> float:
     """Mean communication of an evaluated round (``bytes_up`` or ``bytes_down``, all participants)."""
     return statistics.fmean(r[key] for r in records) if records else 0.0
@@ -133,17 +152,24 @@ def setting_columns(varying: list[str], key: tuple) -> dict[str, str]:
     return {section: " ".join(cells.get(section, [])) or "-" for section in sections}
 
 
-def report_table(runs: list[Run], last: int = 5) -> str:
-    """A markdown table: one row per setting, metrics as mean ± std over seeds of the last-rounds mean."""
+def report_table(runs: list[Run], last: int = 5, rounds_to: Sequence[float] = ()) -> str:
+    """A markdown table: one row per setting, metrics as mean ± std over seeds of the last-rounds mean;
+    one "R<x>%" column per GA percentage x of ``rounds_to`` (``rounds_to_target``, ``rounds_cell``)."""
+    for x in rounds_to:
+        if not 0.0 < x <= 100.0:
+            raise UserError(f"rounds-to target {x:g} is not a GA percentage in (0, 100]")
     varying, groups = group_runs(runs)
     sections = list(dict.fromkeys(name.partition(".")[0] for name in varying))
-    header = [*sections, "seeds", *(label for _, label in METRICS), "rounds", *TRAFFIC, "wall s"]
+    targets = [f"R{x:g}%" for x in rounds_to]
+    header = [*sections, "seeds", *(label for _, label in METRICS), *targets, "rounds", *TRAFFIC, "wall s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, members in groups.items():
         cells = list(setting_columns(varying, key).values()) + [str(len(members))]
         for metric, _ in METRICS:
             vals = [m for m in (last_mean(r.records, metric, last) for r in members) if m is not None]
             cells.append(mean_std(vals))
+        for x in rounds_to:
+            cells.append(rounds_cell([rounds_to_target(r.records, "global_acc", x / 100) for r in members]))
         cells.append(str(members[0].summary["rounds"]))
         for direction in ("bytes_up", "bytes_down"):
             cells.append(f"{statistics.fmean(mean_bytes(r.records, direction) for r in members) / 1e3:.1f}")
@@ -178,12 +204,20 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
     atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=110), mode="wb")
 
 
-def write_report(root: str | Path, out: str | Path | None = None, last: int = 5) -> str:
+def write_report(
+    root: str | Path, out: str | Path | None = None, last: int = 5, rounds_to: Sequence[float] = ()
+) -> str:
     """Print-ready markdown for the runs below ``root``; with ``out``, also report.md and curves.png there."""
     runs = load_runs(root)
+    table = report_table(runs, last, rounds_to)
+    note = (
+        " R<x>%: the first round with GA >= x%, mean over the seeds that reach it ((k/n): only k of n did)."
+        if rounds_to
+        else ""
+    )
     text = (
         f"Runs below `{root}`: metrics in %, mean ± std over seeds of each run's mean over its last "
-        f"{last} evaluated rounds.\n\n" + report_table(runs, last) + "\n"
+        f"{last} evaluated rounds.{note}\n\n" + table + "\n"
     )
     if out is not None:
         from fedpcd.utils import atomic_write_text
