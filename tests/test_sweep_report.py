@@ -109,24 +109,53 @@ def test_rounds_to_target_by_hand():
     assert rounds_cell([None, None]) == "-"
 
 
+def _fake_run(folder, seed, curve, algorithm="fedavg"):
+    """A finished 3-round run directory with the given GA curve (PA-split = GA + 0.1)."""
+    folder.mkdir()
+    overrides = ["dataset.name=synthetic", "model.name=mlp", "rounds=3", f"seed={seed}"]
+    cfg = load_config(None, [*overrides, f"algorithm.name={algorithm}"])
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    lines = [
+        {"round": i + 1, "global_acc": a, "personal_acc": a + 0.1, "bytes_up": 0, "bytes_down": 0}
+        for i, a in enumerate(curve)
+    ]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    (folder / "summary.json").write_text(json.dumps({"rounds": 3, "wall_s": 1.0}))
+
+
+def _cells(table):
+    header, _, *rows = table.splitlines()
+    names = [c.strip() for c in header.strip("|").split("|")]
+    return [dict(zip(names, (c.strip() for c in row.strip("|").split("|")), strict=True)) for row in rows]
+
+
 def test_report_rounds_to_columns(tmp_path, capsys):
     for seed, curve in ((0, [0.2, 0.5, 0.7]), (1, [0.4, 0.45, 0.5])):
-        folder = tmp_path / f"run{seed}"
-        folder.mkdir()
-        cfg = load_config(None, ["dataset.name=synthetic", "model.name=mlp", "rounds=3", f"seed={seed}"])
-        (folder / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
-        lines = [
-            {"round": i + 1, "global_acc": a, "bytes_up": 0, "bytes_down": 0} for i, a in enumerate(curve)
-        ]
-        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-        (folder / "summary.json").write_text(json.dumps({"rounds": 3, "wall_s": 1.0}))
+        _fake_run(tmp_path / f"run{seed}", seed, curve)
     table = report_table(load_runs(tmp_path), last=1, rounds_to=[40, 60])
-    header, _, row = table.splitlines()
-    cells = dict(zip(header.strip("|").split("|"), row.strip("|").split("|"), strict=True))
+    cells = {f" {k} ": v for k, v in _cells(table)[0].items()}
     assert cells[" R40% "].strip() == "1.5"  # seed 0 at round 2, seed 1 at round 1
     assert cells[" R60% "].strip() == "3.0 (1/2)"  # only seed 0 reaches 60%
     assert main(["report", str(tmp_path), "--rounds-to", "0"]) == 2
     assert "not a GA percentage in (0, 100]" in capsys.readouterr().err
+
+
+def test_report_paired_differences_by_hand(tmp_path, capsys):
+    _fake_run(tmp_path / "a0", 0, [0.1, 0.5, 0.6])
+    _fake_run(tmp_path / "a1", 1, [0.1, 0.7, 0.2])
+    _fake_run(tmp_path / "b0", 0, [0.1, 0.6, 0.9], "fedprox")
+    _fake_run(tmp_path / "b1", 1, [0.1, 0.2, 0.7], "fedprox")
+    rows = _cells(report_table(load_runs(tmp_path), last=2, paired_with="fedavg"))
+    prox = next(r for r in rows if r["algorithm"] == "fedprox")
+    # last-2 means: fedavg 0.55 / 0.45, fedprox 0.75 / 0.45 -> paired differences +20 and 0 points
+    assert prox["ΔGA vs fedavg"] == "+10.00 ± 14.14"
+    assert prox["ΔPA-split vs fedavg"] == "+10.00 ± 14.14"
+    # unpaired, the seed spread would hide it: GA 60.00 ± 21.21 vs 50.00 ± 7.07
+    assert prox["GA"] == "60.00 ± 21.21"
+    assert next(r for r in rows if r["algorithm"] == "fedavg")["ΔGA vs fedavg"] == "+0.00 ± 0.00"
+    assert main(["report", str(tmp_path), "--paired-with", "moon"]) == 2
+    err = capsys.readouterr().err
+    assert "no runs of algorithm 'moon' to pair with; the runs have: fedavg, fedprox" in err
 
 
 def test_report_without_runs_is_user_error(tmp_path, capsys):

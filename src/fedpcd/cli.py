@@ -97,7 +97,10 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     from fedpcd.report import write_report
 
-    print(write_report(args.runs_dir, args.out, last=args.last, rounds_to=args.rounds_to), end="")
+    text = write_report(
+        args.runs_dir, args.out, last=args.last, rounds_to=args.rounds_to, paired_with=args.paired_with
+    )
+    print(text, end="")
     if args.out:
         print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'curves.png'}")
 
@@ -187,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="X",
         help="add columns R<X>%%: the first round at which GA reaches X%% (FedSC's convergence view)",
+    )
+    report.add_argument(
+        "--paired-with",
+        metavar="ALGORITHM",
+        help="add GA and PA-split differences to this algorithm's run of the same setting and seed",
     )
     report.set_defaults(func=cmd_report)
 

@@ -4,7 +4,9 @@ Runs that differ only in their seed form one row; each metric is the mean over t
 rounds of a run (GA of FedAvg swings by several points between rounds under label skew, so one round is
 noise), then mean +- standard deviation over seeds. The columns that tell rows apart are the config keys
 whose values differ between rows. Optionally, the convergence view of FedSC's Table 3: R_x, the first
-round at which GA reaches x%, averaged over the seeds that reach it.
+round at which GA reaches x%, averaged over the seeds that reach it; and paired differences to a reference
+algorithm: each run minus the reference run that differs from it only in the algorithm (same seed, same
+partition and initial weights), which removes the seed-to-seed spread shared by both.
 """
 
 from __future__ import annotations
@@ -95,6 +97,42 @@ def rounds_cell(rounds: list[int | None]) -> str:
     return text if len(reached) == len(rounds) else f"{text} ({len(reached)}/{len(rounds)})"
 
 
+def delta_cell(values: list[float]) -> str:
+    """Differences of fractions as signed "mean ± std" in points ("-" if empty)."""
+    if not values:
+        return "-"
+    mean = 100 * statistics.fmean(values)
+    return f"{mean:+.2f}" if len(values) == 1 else f"{mean:+.2f} ± {100 * statistics.stdev(values):.2f}"
+
+
+def _without_algorithm(run: Run) -> str:
+    """A run's whole setting but its algorithm (seed included): runs equal in it form a pair."""
+    flat = _flatten(run.config)
+    return json.dumps(
+        {k: v for k, v in flat.items() if k != "output_dir" and not k.startswith("algorithm.")},
+        sort_keys=True,
+        default=str,
+    )
+
+
+def reference_runs(runs: list[Run], algorithm: str) -> dict[str, Run]:
+    """The runs of ``algorithm`` by their setting apart from the algorithm (see ``_without_algorithm``)."""
+    names = sorted({r.config["algorithm"]["name"] for r in runs})
+    if algorithm not in names:
+        raise UserError(f"no runs of algorithm {algorithm!r} to pair with; the runs have: {', '.join(names)}")
+    refs: dict[str, Run] = {}
+    for run in runs:
+        if run.config["algorithm"]["name"] == algorithm:
+            key = _without_algorithm(run)
+            if key in refs:
+                raise UserError(
+                    f"runs {refs[key].path} and {run.path} are both {algorithm!r} in the same setting; "
+                    "pair with an algorithm that has one variant"
+                )
+            refs[key] = run
+    return refs
+
+
 def mean_bytes(records: list[dict[str, Any]], key: str) -> float:
     """Mean communication of an evaluated round (``bytes_up`` or ``bytes_down``, all participants)."""
     return statistics.fmean(r[key] for r in records) if records else 0.0
@@ -152,22 +190,46 @@ def setting_columns(varying: list[str], key: tuple) -> dict[str, str]:
     return {section: " ".join(cells.get(section, [])) or "-" for section in sections}
 
 
-def report_table(runs: list[Run], last: int = 5, rounds_to: Sequence[float] = ()) -> str:
+def report_table(
+    runs: list[Run], last: int = 5, rounds_to: Sequence[float] = (), paired_with: str | None = None
+) -> str:
     """A markdown table: one row per setting, metrics as mean ± std over seeds of the last-rounds mean;
-    one "R<x>%" column per GA percentage x of ``rounds_to`` (``rounds_to_target``, ``rounds_cell``)."""
+    one "R<x>%" column per GA percentage x of ``rounds_to`` (``rounds_to_target``, ``rounds_cell``);
+    with ``paired_with``, GA and PA-split minus those of that algorithm's run in the same setting and seed
+    (``reference_runs``), mean ± std over the paired seeds, in points."""
     for x in rounds_to:
         if not 0.0 < x <= 100.0:
             raise UserError(f"rounds-to target {x:g} is not a GA percentage in (0, 100]")
+    refs = reference_runs(runs, paired_with) if paired_with is not None else {}
     varying, groups = group_runs(runs)
     sections = list(dict.fromkeys(name.partition(".")[0] for name in varying))
     targets = [f"R{x:g}%" for x in rounds_to]
-    header = [*sections, "seeds", *(label for _, label in METRICS), *targets, "rounds", *TRAFFIC, "wall s"]
+    deltas = [f"Δ{label} vs {paired_with}" for _, label in METRICS[:2]] if paired_with is not None else []
+    header = [
+        *sections,
+        "seeds",
+        *(label for _, label in METRICS),
+        *deltas,
+        *targets,
+        "rounds",
+        *TRAFFIC,
+        "wall s",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, members in groups.items():
         cells = list(setting_columns(varying, key).values()) + [str(len(members))]
         for metric, _ in METRICS:
             vals = [m for m in (last_mean(r.records, metric, last) for r in members) if m is not None]
             cells.append(mean_std(vals))
+        for metric, _ in METRICS[:2] if paired_with is not None else []:
+            diffs = []
+            for run in members:
+                ref = refs.get(_without_algorithm(run))
+                mine = last_mean(run.records, metric, last)
+                theirs = last_mean(ref.records, metric, last) if ref is not None else None
+                if mine is not None and theirs is not None:
+                    diffs.append(mine - theirs)
+            cells.append(delta_cell(diffs))
         for x in rounds_to:
             cells.append(rounds_cell([rounds_to_target(r.records, "global_acc", x / 100) for r in members]))
         cells.append(str(members[0].summary["rounds"]))
@@ -205,16 +267,23 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
 
 
 def write_report(
-    root: str | Path, out: str | Path | None = None, last: int = 5, rounds_to: Sequence[float] = ()
+    root: str | Path,
+    out: str | Path | None = None,
+    last: int = 5,
+    rounds_to: Sequence[float] = (),
+    paired_with: str | None = None,
 ) -> str:
     """Print-ready markdown for the runs below ``root``; with ``out``, also report.md and curves.png there."""
     runs = load_runs(root)
-    table = report_table(runs, last, rounds_to)
-    note = (
-        " R<x>%: the first round with GA >= x%, mean over the seeds that reach it ((k/n): only k of n did)."
-        if rounds_to
-        else ""
-    )
+    table = report_table(runs, last, rounds_to, paired_with)
+    note = ""
+    if paired_with is not None:
+        note += (
+            f" Δ vs {paired_with}: each run minus the {paired_with} run of the same setting and seed,"
+            " mean ± std over seeds, in points."
+        )
+    if rounds_to:
+        note += " R<x>%: the first round with GA >= x%, mean over the seeds reaching it ((k/n): k of n did)."
     text = (
         f"Runs below `{root}`: metrics in %, mean ± std over seeds of each run's mean over its last "
         f"{last} evaluated rounds.{note}\n\n" + table + "\n"
