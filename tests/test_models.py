@@ -87,6 +87,19 @@ def test_simplecnn_parameter_count() -> None:
     assert build_model("simplecnn", 1, 10, 28).fc1.in_features == 16 * 4 * 4
 
 
+def test_simplecnn_feature_relu_option() -> None:
+    torch.manual_seed(0)
+    relu = build_model("simplecnn", 1, 10, 28)
+    linear = build_model("simplecnn", 1, 10, 28, feature_relu=False)
+    linear.load_state_dict(relu.state_dict())  # same parameters: only the last activation differs
+    x = torch.randn(16, 1, 28, 28)
+    z = linear.features(x)
+    assert (z < 0).any()  # FC2's raw output keeps negative values
+    assert torch.equal(relu.features(x), torch.relu(z))
+    with pytest.raises(UserError, match="feature_relu must be true or false"):
+        build_model("simplecnn", 1, 10, 28, feature_relu="no")
+
+
 def test_zoo_flatten_dims_follow_input() -> None:
     assert build_model("cnn1", 3, 10, 32).fc1.in_features == 32 * 5 * 5
     assert build_model("cnn1", 1, 10, 28).fc1.in_features == 32 * 4 * 4

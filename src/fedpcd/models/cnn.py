@@ -2,6 +2,8 @@
 
 All conv models here share one shape: conv 5x5 (stride 1, no padding) -> ReLU -> max-pool 2x2, twice, then
 flatten -> FC1 -> ReLU -> FC2 -> ReLU (= z) -> linear head. Flatten sizes are computed from the input size.
+Simple-CNN's ``feature_relu: false`` drops the last ReLU (z = FC2's output): a ReLU feature can switch whole
+dimensions off, which feature-space losses like FedMR's decorrelation reward (docs/results/fedmr.md).
 """
 
 from __future__ import annotations
@@ -35,9 +37,18 @@ class ConvNet(FedModel):
     """Two conv/pool stages and two hidden FC layers (LeNet-5 shape); z is the second FC's output."""
 
     def __init__(
-        self, in_channels: int, num_classes: int, image_size: int, c1: int, c2: int, fc1: int, fc2: int
+        self,
+        in_channels: int,
+        num_classes: int,
+        image_size: int,
+        c1: int,
+        c2: int,
+        fc1: int,
+        fc2: int,
+        feature_relu: bool = True,
     ) -> None:
         super().__init__()
+        self.feature_relu = feature_relu
         side = conv_side(image_size)
         self.conv1 = nn.Conv2d(in_channels, c1, KERNEL)
         self.conv2 = nn.Conv2d(c1, c2, KERNEL)
@@ -50,14 +61,19 @@ class ConvNet(FedModel):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         x = torch.flatten(x, 1)
-        return F.relu(self.fc2(F.relu(self.fc1(x))))
+        z = self.fc2(F.relu(self.fc1(x)))
+        return F.relu(z) if self.feature_relu else z
 
 
 @register_model("simplecnn", accepts=_accepts_conv)
-def simplecnn(in_channels: int, num_classes: int, image_size: int) -> FedModel:
+def simplecnn(in_channels: int, num_classes: int, image_size: int, feature_relu: bool = True) -> FedModel:
     """Simple-CNN of MOON (Li et al., CVPR 2021) as used by FedGELA and FedMR: 6/16 conv channels,
-    FC 120 -> 84; feature_dim 84."""
-    return ConvNet(in_channels, num_classes, image_size, c1=6, c2=16, fc1=120, fc2=84)
+    FC 120 -> 84; feature_dim 84. ``feature_relu``: whether z is ReLU(FC2) (MOON's) or FC2's output."""
+    if not isinstance(feature_relu, bool):
+        raise UserError(f"model 'simplecnn': feature_relu must be true or false, got {feature_relu!r}")
+    return ConvNet(
+        in_channels, num_classes, image_size, c1=6, c2=16, fc1=120, fc2=84, feature_relu=feature_relu
+    )
 
 
 @register_model("conv2cifar", accepts=_accepts_conv)
