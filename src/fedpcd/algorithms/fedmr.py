@@ -19,6 +19,13 @@ have one; a submitting client's reply carries |C_k| x d means, |C_k| class ids a
 Prototypes are exchanged only while l_inter is active (mu2 > 0 and ``lite_samples`` != 0): the intra-only
 ablation sends exactly what FedAvg sends.
 
+Backbone caveat (measured here, not in the paper): l_intra is computed on z = ``model.features``. On a ReLU
+feature (Simple-CNN's default) a dimension that is zero for a whole class has no correlation and adds 0, so
+the loss can also be lowered by switching dimensions off: on fmnist P5C2 FedMR's global model ended with
+38-46 of its 84 dimensions never active on the test set, FedAvg's with 0-2 (docs/results/fedmr.md).
+``model.feature_relu: false`` takes Simple-CNN's z before that ReLU. The paper's ResNet-18 feature is a
+global average pool, where whole dimensions rarely switch off.
+
 Ablations (Table 12): intra-only = ``mu2: 0``; inter-only = ``mu1: 0``; ``mu1 = mu2 = 0`` is FedAvg exactly.
 Variants: Lite n (App. C.6, Table 11) = ``lite_samples: n``; prototype submission by a fixed random
 fraction of the clients (Sec. 4.4, Table 5) = ``submit_fraction``.

@@ -171,6 +171,8 @@ class FedSC(FedAvg):
     num_neighbors: Annotated[int, Field(ge=0)] = 2  # M of Eqs. 8-9, [P] (M = 2); [C] is effectively 0
     rpcl_weight: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0  # [P]/[C] 1; 0 turns RPCL off
     # Weight of CPDR: 1 in [P] and [C]; exposed (spec 7) because l1_sum is ~d x larger than mse_mean.
+    # With l1_sum at 1, fmnist + Simple-CNN (d = 84) training collapsed (GA ~30%); 0.01 (~1/d) trains
+    # (docs/results/fedsc.md).
     cpdr_weight: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
     cpdr_dist: Literal["l1_sum", "mse_mean"] = "l1_sum"  # "l1_sum": Eq. 15 [P]; "mse_mean": [C]'s mse_loss
     use_u: bool = True  # U(r) normaliser of Eq. 13 [P]; False: plain cosine as in [C]
