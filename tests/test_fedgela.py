@@ -39,6 +39,8 @@ class Identity(FedModel):
 
 
 def _algorithm(cls: type = FedGELA, num_classes: int = 3, **params: object) -> FedGELA:
+    """An algorithm on raw features (no projection, unless asked) so hand computations apply to x directly."""
+    params.setdefault("projection", "none")
     algo = cls(**params)
     algo.setup(Context(num_clients=2, num_classes=num_classes, rounds=1, seed=0))
     return algo
@@ -215,11 +217,28 @@ def test_classifier_is_fixed_and_no_head_weights_travel(tmp_path):
     assert set(reply["model"]) == set(backbone_keys(model)) and not heads & set(reply["model"])
     assert any(not torch.equal(reply["model"][k], backbone_before[k]) for k in backbone_before)  # it trained
     assert torch.equal(payload["model"]["fc1.weight"], backbone_before["fc1.weight"])  # payload not mutated
-    assert set(state) == {"phi", "present"}
+    assert set(state) == {"phi", "present", "proj"}  # the default FC projection is the client's too
 
     server = algo.aggregate(server, [reply])
     assert torch.equal(server["etf"], etf_before)
     assert set(server["model"]) == set(backbone_keys(model))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_relu_features_need_the_default_projection_to_reach_every_etf_column(tmp_path, seed):
+    # The first ETF column is nearly all negative, so no non-negative unit h has a cosine with it above the
+    # norm of its positive part; the default FC projection gives h of both signs.
+    m = simplex_etf(84, 10, torch.Generator().manual_seed(seed))
+    assert float(m[:, 0].clamp(min=0).norm()) < 0.2
+    h = torch.rand(1000, 84)  # any non-negative features
+    cos0 = (F.normalize(h, dim=1) @ m)[:, 0]
+    assert float(cos0.max()) <= float(m[:, 0].clamp(min=0).norm()) + 1e-6
+    fed, algo, model = _federation(tmp_path)
+    server = algo.init_server(model)
+    x = fed.clients[0].x[fed.clients[0].train_idx[:32]]
+    z = model.features(x)
+    assert algo.projection == "fc" and bool((z >= 0).all())
+    assert bool((algo.embed(model, x, server["proj"]) < 0).any())
 
 
 def test_load_payload_refuses_head_weights(tmp_path):
@@ -302,7 +321,7 @@ def test_bad_options_are_user_errors():
     with pytest.raises(UserError, match="scale"):
         build_algorithm("fedgela", {"scale": -1.0})
     with pytest.raises(UserError, match="proj_dim"):
-        build_algorithm("fedgela", {"proj_dim": 16})
+        build_algorithm("fedgela", {"proj_dim": 16, "projection": "none"})
     with pytest.raises(UserError, match="softmax"):
         build_algorithm("fedgela", {"softmax": "some"})
 
