@@ -97,14 +97,6 @@ def rounds_cell(rounds: list[int | None]) -> str:
     return text if len(reached) == len(rounds) else f"{text} ({len(reached)}/{len(rounds)})"
 
 
-def delta_cell(values: list[float]) -> str:
-    """Differences of fractions as signed "mean ± std" in points ("-" if empty)."""
-    if not values:
-        return "-"
-    mean = 100 * statistics.fmean(values)
-    return f"{mean:+.2f}" if len(values) == 1 else f"{mean:+.2f} ± {100 * statistics.stdev(values):.2f}"
-
-
 def _without_algorithm(run: Run) -> str:
     """A run's whole setting but its algorithm (seed included): runs equal in it form a pair."""
     flat = _flatten(run.config)
@@ -138,14 +130,15 @@ def mean_bytes(records: list[dict[str, Any]], key: str) -> float:
     return statistics.fmean(r[key] for r in records) if records else 0.0
 
 
-def mean_std(values: list[float]) -> str:
-    """Fractions as "mean ± std" in %, two decimals ("-" if empty, no std for one value)."""
+def mean_std(values: list[float], signed: bool = False) -> str:
+    """Fractions as "mean ± std" in %, two decimals ("-" if empty, no std for one value); ``signed`` puts a
+    sign on the mean (for differences)."""
     if not values:
         return "-"
-    mean = 100 * statistics.fmean(values)
+    mean = f"{100 * statistics.fmean(values):{'+' if signed else ''}.2f}"
     if len(values) == 1:
-        return f"{mean:.2f}"
-    return f"{mean:.2f} ± {100 * statistics.stdev(values):.2f}"
+        return mean
+    return f"{mean} ± {100 * statistics.stdev(values):.2f}"
 
 
 def group_runs(runs: list[Run]) -> tuple[list[str], dict[tuple, list[Run]]]:
@@ -221,15 +214,16 @@ def report_table(
         for metric, _ in METRICS:
             vals = [m for m in (last_mean(r.records, metric, last) for r in members) if m is not None]
             cells.append(mean_std(vals))
-        for metric, _ in METRICS[:2] if paired_with is not None else []:
-            diffs = []
-            for run in members:
-                ref = refs.get(_without_algorithm(run))
-                mine = last_mean(run.records, metric, last)
-                theirs = last_mean(ref.records, metric, last) if ref is not None else None
-                if mine is not None and theirs is not None:
-                    diffs.append(mine - theirs)
-            cells.append(delta_cell(diffs))
+        if paired_with is not None:
+            pairs = [(run, refs.get(_without_algorithm(run))) for run in members]
+            for metric, _ in METRICS[:2]:
+                diffs = []
+                for run, ref in pairs:
+                    mine = last_mean(run.records, metric, last)
+                    theirs = last_mean(ref.records, metric, last) if ref is not None else None
+                    if mine is not None and theirs is not None:
+                        diffs.append(mine - theirs)
+                cells.append(mean_std(diffs, signed=True))
         for x in rounds_to:
             cells.append(rounds_cell([rounds_to_target(r.records, "global_acc", x / 100) for r in members]))
         cells.append(str(members[0].summary["rounds"]))
