@@ -17,6 +17,7 @@ from fedpcd.report import (
     report_table,
     rounds_cell,
     rounds_to_target,
+    swing,
 )
 from fedpcd.sweep import expand_sweep, run_status
 
@@ -156,6 +157,20 @@ def test_report_paired_differences_by_hand(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--paired-with", "moon"]) == 2
     err = capsys.readouterr().err
     assert "no runs of algorithm 'moon' to pair with; the runs have: fedavg, fedprox" in err
+
+
+def test_swing_by_hand_and_report_column(tmp_path, capsys):
+    records = [{"round": r, "global_acc": a} for r, a in [(1, 0.9), (2, 0.4), (3, None), (4, 0.7), (5, 0.6)]]
+    assert swing(records, "global_acc", 3) == pytest.approx(0.3)  # rounds 2, 4, 5: 0.7 - 0.4
+    assert swing(records, "global_acc", 2) == pytest.approx(0.1)
+    assert swing(records[:1], "global_acc", 5) is None  # one value has no swing
+    _fake_run(tmp_path / "a0", 0, [0.1, 0.5, 0.6])
+    _fake_run(tmp_path / "a1", 1, [0.1, 0.7, 0.2])
+    row = _cells(report_table(load_runs(tmp_path), last=2, with_swing=True))[0]
+    assert row["GA swing"] == "30.00 ± 28.28"  # seed 0: 10 points, seed 1: 50 points
+    assert "GA swing" not in report_table(load_runs(tmp_path), last=2)
+    assert main(["report", str(tmp_path), "--last", "3", "--swing"]) == 0
+    assert "| 55.00 ± 7.07 |" in capsys.readouterr().out  # seed 0: 0.6 - 0.1, seed 1: 0.7 - 0.1
 
 
 def test_report_without_runs_is_user_error(tmp_path, capsys):

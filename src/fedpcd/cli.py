@@ -98,7 +98,12 @@ def cmd_report(args: argparse.Namespace) -> None:
     from fedpcd.report import write_report
 
     text = write_report(
-        args.runs_dir, args.out, last=args.last, rounds_to=args.rounds_to, paired_with=args.paired_with
+        args.runs_dir,
+        args.out,
+        last=args.last,
+        rounds_to=args.rounds_to,
+        paired_with=args.paired_with,
+        with_swing=args.swing,
     )
     print(text, end="")
     if args.out:
@@ -195,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--paired-with",
         metavar="ALGORITHM",
         help="add GA and PA-split differences to this algorithm's run of the same setting and seed",
+    )
+    report.add_argument(
+        "--swing",
+        action="store_true",
+        help="add a 'GA swing' column: max - min of GA over the last N rounds (round-to-round stability)",
     )
     report.set_defaults(func=cmd_report)
 

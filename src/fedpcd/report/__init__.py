@@ -6,7 +6,9 @@ noise), then mean +- standard deviation over seeds. The columns that tell rows a
 whose values differ between rows. Optionally, the convergence view of FedSC's Table 3: R_x, the first
 round at which GA reaches x%, averaged over the seeds that reach it; and paired differences to a reference
 algorithm: each run minus the reference run that differs from it only in the algorithm (same seed, same
-partition and initial weights), which removes the seed-to-seed spread shared by both.
+partition and initial weights), which removes the seed-to-seed spread shared by both; and the GA swing,
+max - min of GA over the same last rounds (how far the global model jumps between rounds: the stability
+FedGELA and FedNH discuss).
 """
 
 from __future__ import annotations
@@ -78,6 +80,12 @@ def last_mean(records: list[dict[str, Any]], key: str, last: int) -> float | Non
     """Mean of ``key`` over the last ``last`` evaluated rounds that have it (None if none do)."""
     values = [r[key] for r in records if r.get(key) is not None][-last:]
     return sum(values) / len(values) if values else None
+
+
+def swing(records: list[dict[str, Any]], key: str, last: int) -> float | None:
+    """max - min of ``key`` over the last ``last`` evaluated rounds that have it (None if fewer than two)."""
+    values = [r[key] for r in records if r.get(key) is not None][-last:]
+    return max(values) - min(values) if len(values) > 1 else None
 
 
 def rounds_to_target(records: list[dict[str, Any]], key: str, target: float) -> int | None:
@@ -184,12 +192,17 @@ def setting_columns(varying: list[str], key: tuple) -> dict[str, str]:
 
 
 def report_table(
-    runs: list[Run], last: int = 5, rounds_to: Sequence[float] = (), paired_with: str | None = None
+    runs: list[Run],
+    last: int = 5,
+    rounds_to: Sequence[float] = (),
+    paired_with: str | None = None,
+    with_swing: bool = False,
 ) -> str:
     """A markdown table: one row per setting, metrics as mean ± std over seeds of the last-rounds mean;
     one "R<x>%" column per GA percentage x of ``rounds_to`` (``rounds_to_target``, ``rounds_cell``);
     with ``paired_with``, GA and PA-split minus those of that algorithm's run in the same setting and seed
-    (``reference_runs``), mean ± std over the paired seeds, in points."""
+    (``reference_runs``), mean ± std over the paired seeds, in points; ``with_swing``, a "GA swing" column
+    (``swing`` over the same last rounds, mean ± std over seeds)."""
     for x in rounds_to:
         if not 0.0 < x <= 100.0:
             raise UserError(f"rounds-to target {x:g} is not a GA percentage in (0, 100]")
@@ -203,6 +216,7 @@ def report_table(
         "seeds",
         *(label for _, label in METRICS),
         *deltas,
+        *(["GA swing"] if with_swing else []),
         *targets,
         "rounds",
         *TRAFFIC,
@@ -224,6 +238,12 @@ def report_table(
                     if mine is not None and theirs is not None:
                         diffs.append(mine - theirs)
                 cells.append(mean_std(diffs, signed=True))
+        if with_swing:
+            cells.append(
+                mean_std(
+                    [v for v in (swing(r.records, "global_acc", last) for r in members) if v is not None]
+                )
+            )
         for x in rounds_to:
             cells.append(rounds_cell([rounds_to_target(r.records, "global_acc", x / 100) for r in members]))
         cells.append(str(members[0].summary["rounds"]))
@@ -266,16 +286,19 @@ def write_report(
     last: int = 5,
     rounds_to: Sequence[float] = (),
     paired_with: str | None = None,
+    with_swing: bool = False,
 ) -> str:
     """Print-ready markdown for the runs below ``root``; with ``out``, also report.md and curves.png there."""
     runs = load_runs(root)
-    table = report_table(runs, last, rounds_to, paired_with)
+    table = report_table(runs, last, rounds_to, paired_with, with_swing)
     note = ""
     if paired_with is not None:
         note += (
             f" Δ vs {paired_with}: each run minus the {paired_with} run of the same setting and seed,"
             " mean ± std over seeds, in points."
         )
+    if with_swing:
+        note += f" GA swing: max - min of GA over those {last} rounds, in points."
     if rounds_to:
         note += " R<x>%: the first round with GA >= x%, mean over the seeds reaching it ((k/n): k of n did)."
     text = (
