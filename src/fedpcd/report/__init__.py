@@ -76,15 +76,20 @@ def load_runs(root: str | Path) -> list[Run]:
     return runs
 
 
+def last_values(records: list[dict[str, Any]], key: str, last: int) -> list[float]:
+    """``key`` of the last ``last`` evaluated rounds that have it."""
+    return [r[key] for r in records if r.get(key) is not None][-last:]
+
+
 def last_mean(records: list[dict[str, Any]], key: str, last: int) -> float | None:
     """Mean of ``key`` over the last ``last`` evaluated rounds that have it (None if none do)."""
-    values = [r[key] for r in records if r.get(key) is not None][-last:]
+    values = last_values(records, key, last)
     return sum(values) / len(values) if values else None
 
 
 def swing(records: list[dict[str, Any]], key: str, last: int) -> float | None:
     """max - min of ``key`` over the last ``last`` evaluated rounds that have it (None if fewer than two)."""
-    values = [r[key] for r in records if r.get(key) is not None][-last:]
+    values = last_values(records, key, last)
     return max(values) - min(values) if len(values) > 1 else None
 
 
