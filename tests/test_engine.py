@@ -85,6 +85,7 @@ def test_same_seed_same_metrics_and_run_dir_files(tmp_path):
         "personal_acc",
         "pa_l",
         "pa_v",
+        "pa_global",
         "train_loss",
         "bytes_up",
         "bytes_down",
@@ -163,7 +164,7 @@ def test_personal_test_split_evaluates_the_local_split_only(tmp_path):
         run_experiment(config, progress=False)
         rows[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["client_pa_split"] for r in rows["split"]] == [r["client_pa_split"] for r in rows["full"]]
-    assert all(r["pa_l"] is None and r["pa_v"] is None for r in rows["split"])
+    assert all(r["pa_l"] is None and r["pa_v"] is None and r["pa_global"] is None for r in rows["split"])
     assert all(0.0 <= r["pa_l"] <= 1.0 for r in rows["full"])
 
 

@@ -236,8 +236,10 @@ def test_end_to_end_synthetic(tmp_path):
     assert [r["round"] for r in rows] == [1, 2, 3]
     model_bytes = sum(p.numel() * 4 for p in build_model("mlp", 1, 10, 8, hidden=32).parameters())
     for r in rows:
-        assert r["global_acc"] is None
-        assert all(math.isfinite(r[k]) and 0.0 <= r[k] <= 1.0 for k in ["personal_acc", "pa_l", "pa_v"])
+        assert r["global_acc"] is None  # no global model; PA-G is the papers' "GA" of such methods
+        assert all(
+            math.isfinite(r[k]) and 0.0 <= r[k] <= 1.0 for k in ["personal_acc", "pa_l", "pa_v", "pa_global"]
+        )
         assert 0 < r["bytes_up"] < model_bytes and r["bytes_down"] == 2 * (10 * 32 * 4 + 10)
     ckpt = RunDir(out).load_checkpoint()
     assert set(ckpt["server"]) == {"prototypes", "known"} and ckpt["server"]["prototypes"].shape == (10, 32)

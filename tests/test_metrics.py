@@ -44,6 +44,7 @@ def test_personal_metrics_uses_local_split_and_full_test():
     assert m["pa_split"] == pytest.approx(1.0)  # all three local samples right
     assert m["pa_l"] == pytest.approx(0.25 * 0.5 + 0.75 * 1.0)
     assert m["pa_v"] == pytest.approx((0.5 + 1.0) / 2)
+    assert m["pa_global"] == pytest.approx(4 / 6)  # the full test set, classes the client lacks included
     assert (
         personal_metrics(pred, test_y, torch.tensor([], dtype=torch.long), torch.tensor([1, 1, 0]))[
             "pa_split"
@@ -76,11 +77,15 @@ def test_predict_and_accuracy():
 
 def test_round_record_and_summary():
     replies = [{"num_samples": 10, "train_loss": 1.0}, {"num_samples": 30, "train_loss": 2.0}]
-    evals = [{"pa_split": 0.5, "pa_l": 0.4, "pa_v": 0.3}, {"pa_split": 1.0, "pa_l": 0.8, "pa_v": 0.6}]
+    evals = [
+        {"pa_split": 0.5, "pa_l": 0.4, "pa_v": 0.3, "pa_global": 0.2},
+        {"pa_split": 1.0, "pa_l": 0.8, "pa_v": 0.6, "pa_global": 0.4},
+    ]
     r1 = round_record(1, 0.7, replies, evals, [0, 1], 100, 200, 1.5)
     assert r1["personal_acc"] == pytest.approx(0.75)
     assert r1["personal_acc_weighted"] == pytest.approx((5 + 30) / 40)
     assert r1["pa_l"] == pytest.approx(0.6) and r1["pa_v_worst10"] == pytest.approx(0.3)
+    assert r1["pa_global"] == pytest.approx(0.3) and r1["pa_global_weighted"] == pytest.approx(0.35)
     assert r1["train_loss"] == pytest.approx(1.75)
     assert (r1["bytes_up"], r1["bytes_down"]) == (100, 200)
     r2 = round_record(2, 0.6, replies, evals, [0, 1], 100, 200, 1.0)

@@ -137,6 +137,7 @@ def test_report_rounds_to_columns(tmp_path, capsys):
     cells = {f" {k} ": v for k, v in _cells(table)[0].items()}
     assert cells[" R40% "].strip() == "1.5"  # seed 0 at round 2, seed 1 at round 1
     assert cells[" R60% "].strip() == "3.0 (1/2)"  # only seed 0 reaches 60%
+    assert cells[" PA-G "].strip() == "-"  # runs written before PA-G existed have none
     assert main(["report", str(tmp_path), "--rounds-to", "0"]) == 2
     assert "not a GA percentage in (0, 100]" in capsys.readouterr().err
 

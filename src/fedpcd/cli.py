@@ -32,6 +32,7 @@ SHOWN = [
     ("personal_acc", "PA-split"),
     ("pa_l", "PA-L"),
     ("pa_v", "PA-V"),
+    ("pa_global", "PA-G"),
     ("personal_acc_worst10", "PA worst10%"),
 ]
 

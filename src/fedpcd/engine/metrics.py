@@ -5,6 +5,9 @@
 - PA-L_k = sum_c p_k(c) A[k, c], p_k the client's train label distribution (FedNH's PM(L)).
 - PA-V_k = mean of A[k, c] over the classes the client holds (FedNH's PM(V)).
 - PA-split_k: the personal model's accuracy on the client's own local test split (FedGELA / FedSSA).
+- PA-G_k: the personal model's accuracy on the full test set (on a balanced test set, the mean of row k of
+  A): the "GA" that FedRoD's and FedGELA's papers report for methods without a global model ("the averaged
+  accuracy of all best local models on the global test dataset", FedGELA section 5.1).
 Across clients each is reported as the unweighted mean, the train-sample-weighted mean and the mean of
 the worst 10% of clients (at least one client).
 """
@@ -53,7 +56,12 @@ def pa_v(acc_row: Tensor, label_counts: Tensor) -> float:
 
 def split_metrics(pred_split: Tensor, split_y: Tensor) -> dict:
     """A client's personal metrics from predictions on its local test split only (PA-L, PA-V: None)."""
-    return {"pa_split": accuracy(pred_split, split_y) if len(split_y) else None, "pa_l": None, "pa_v": None}
+    return {
+        "pa_split": accuracy(pred_split, split_y) if len(split_y) else None,
+        "pa_l": None,
+        "pa_v": None,
+        "pa_global": None,
+    }
 
 
 def personal_metrics(pred_test: Tensor, test_y: Tensor, local_test_idx: Tensor, label_counts: Tensor) -> dict:
@@ -64,6 +72,7 @@ def personal_metrics(pred_test: Tensor, test_y: Tensor, local_test_idx: Tensor, 
         "pa_split": accuracy(pred_test[local], test_y[local]) if len(local) else None,
         "pa_l": pa_l(row, label_counts),
         "pa_v": pa_v(row, label_counts),
+        "pa_global": accuracy(pred_test, test_y),
     }
 
 

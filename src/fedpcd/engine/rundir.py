@@ -19,7 +19,7 @@ from fedpcd.engine.metrics import summarize
 from fedpcd.errors import UserError
 from fedpcd.utils import atomic_write, atomic_write_text
 
-PERSONAL_KEYS = {"personal_acc": "pa_split", "pa_l": "pa_l", "pa_v": "pa_v"}
+PERSONAL_KEYS = {"personal_acc": "pa_split", "pa_l": "pa_l", "pa_v": "pa_v", "pa_global": "pa_global"}
 ACCURACY_KEYS = ["global_acc"] + [f"{k}{s}" for k in PERSONAL_KEYS for s in ("", "_weighted", "_worst10")]
 PERSONAL_EVAL = (
     "participants"  # whose personal models are evaluated: the round's participants, after training

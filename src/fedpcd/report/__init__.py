@@ -24,7 +24,13 @@ import yaml
 
 from fedpcd.errors import UserError
 
-METRICS = [("global_acc", "GA"), ("personal_acc", "PA-split"), ("pa_l", "PA-L"), ("pa_v", "PA-V")]
+METRICS = [
+    ("global_acc", "GA"),
+    ("personal_acc", "PA-split"),
+    ("pa_l", "PA-L"),
+    ("pa_v", "PA-V"),
+    ("pa_global", "PA-G"),
+]
 IGNORED = {"seed", "output_dir"}
 TRAFFIC = ["kB up/rnd", "kB down/rnd"]  # mean bytes per round, all participants together
 
