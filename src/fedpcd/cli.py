@@ -105,6 +105,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         rounds_to=args.rounds_to,
         paired_with=args.paired_with,
         with_swing=args.swing,
+        geometry=args.geometry,
     )
     print(text, end="")
     if args.out:
@@ -206,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--swing",
         action="store_true",
         help="add a 'GA swing' column: max - min of GA over the last N rounds (round-to-round stability)",
+    )
+    report.add_argument(
+        "--geometry",
+        action="store_true",
+        help="add class-mean angles (FedGELA Fig. 3): global model over all classes, personal models over "
+        "held and missing classes; needs the runs' checkpoints (one extra local update per client)",
     )
     report.set_defaults(func=cmd_report)
 

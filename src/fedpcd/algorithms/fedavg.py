@@ -147,3 +147,15 @@ class FedAvg:
     def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
         """The client's personal model, right after ``local_update`` (FedAvg: the locally trained model)."""
         return model
+
+    # ----- diagnostics (fedpcd.report.geometry): the feature space the classifier reads -----
+    def global_features(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
+        """x -> the global model's features h (the classifier's input); None without a global model."""
+        if self.global_predictor(model, server) is None:
+            return None
+        return lambda x: model.features(x).flatten(1)
+
+    def personal_features(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
+        """x -> the personal model's features h, right after ``local_update``."""
+        self.personal_predictor(model, payload, state)  # puts any personal weights into ``model``
+        return lambda x: model.features(x).flatten(1)

@@ -316,6 +316,16 @@ class FedGELA(FedAvg):
 
         return predict
 
+    def global_features(self, model: nn.Module, server: dict[str, Any]) -> Predictor:
+        """h_hat of the aggregated backbone (and projection): what the plain ETF classifies."""
+        load_backbone(model, server["model"])
+        return lambda x: self.embed(model, x, server["proj"])
+
+    def personal_features(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
+        """h_hat of the locally trained backbone (and projection)."""
+        proj = state.get("proj", payload["proj"])
+        return lambda x: self.embed(model, x, proj)
+
 
 @ALGORITHMS.register("fedge")
 @dataclass

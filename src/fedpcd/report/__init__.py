@@ -8,7 +8,7 @@ round at which GA reaches x%, averaged over the seeds that reach it; and paired 
 algorithm: each run minus the reference run that differs from it only in the algorithm (same seed, same
 partition and initial weights), which removes the seed-to-seed spread shared by both; and the GA swing,
 max - min of GA over the same last rounds (how far the global model jumps between rounds: the stability
-FedGELA and FedNH discuss).
+FedGELA and FedNH discuss); and the class-mean angles of FedGELA's Fig. 3 (``fedpcd.report.geometry``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from fedpcd.errors import UserError
+from fedpcd.report.geometry import ANGLES, run_geometry
 
 METRICS = [
     ("global_acc", "GA"),
@@ -32,6 +33,7 @@ METRICS = [
     ("pa_global", "PA-G"),
 ]
 IGNORED = {"seed", "output_dir"}
+GEOMETRY_COLUMNS = ["∠all°", "∠held°", "∠missing°"]  # ANGLES: global; personal over held / missing classes
 TRAFFIC = ["kB up/rnd", "kB down/rnd"]  # mean bytes per round, all participants together
 
 
@@ -149,15 +151,15 @@ def mean_bytes(records: list[dict[str, Any]], key: str) -> float:
     return statistics.fmean(r[key] for r in records) if records else 0.0
 
 
-def mean_std(values: list[float], signed: bool = False) -> str:
-    """Fractions as "mean ± std" in %, two decimals ("-" if empty, no std for one value); ``signed`` puts a
-    sign on the mean (for differences)."""
+def mean_std(values: list[float], signed: bool = False, scale: float = 100.0) -> str:
+    """Fractions as "mean ± std" in % (``scale`` 1: as they are), two decimals ("-" if empty, no std for one
+    value); ``signed`` puts a sign on the mean (for differences)."""
     if not values:
         return "-"
-    mean = f"{100 * statistics.fmean(values):{'+' if signed else ''}.2f}"
+    mean = f"{scale * statistics.fmean(values):{'+' if signed else ''}.2f}"
     if len(values) == 1:
         return mean
-    return f"{mean} ± {100 * statistics.stdev(values):.2f}"
+    return f"{mean} ± {scale * statistics.stdev(values):.2f}"
 
 
 def group_runs(runs: list[Run]) -> tuple[list[str], dict[tuple, list[Run]]]:
@@ -208,12 +210,14 @@ def report_table(
     rounds_to: Sequence[float] = (),
     paired_with: str | None = None,
     with_swing: bool = False,
+    geometry: bool = False,
 ) -> str:
     """A markdown table: one row per setting, metrics as mean ± std over seeds of the last-rounds mean;
     one "R<x>%" column per GA percentage x of ``rounds_to`` (``rounds_to_target``, ``rounds_cell``);
     with ``paired_with``, GA and PA-split minus those of that algorithm's run in the same setting and seed
     (``reference_runs``), mean ± std over the paired seeds, in points; ``with_swing``, a "GA swing" column
-    (``swing`` over the same last rounds, mean ± std over seeds)."""
+    (``swing`` over the same last rounds, mean ± std over seeds); ``geometry``, the class-mean angles of
+    ``fedpcd.report.geometry.run_geometry`` in degrees (runs without a checkpoint are left out of them)."""
     for x in rounds_to:
         if not 0.0 < x <= 100.0:
             raise UserError(f"rounds-to target {x:g} is not a GA percentage in (0, 100]")
@@ -228,6 +232,7 @@ def report_table(
         *(label for _, label in METRICS),
         *deltas,
         *(["GA swing"] if with_swing else []),
+        *(GEOMETRY_COLUMNS if geometry else []),
         *targets,
         "rounds",
         *TRAFFIC,
@@ -255,6 +260,10 @@ def report_table(
                     [v for v in (swing(r.records, "global_acc", last) for r in members) if v is not None]
                 )
             )
+        if geometry:
+            angles = [run_geometry(r.path) for r in members if (r.path / "checkpoint" / "state.pt").exists()]
+            for key in ANGLES:
+                cells.append(mean_std([a[key] for a in angles if a[key] is not None], scale=1.0))
         for x in rounds_to:
             cells.append(rounds_cell([rounds_to_target(r.records, "global_acc", x / 100) for r in members]))
         cells.append(str(members[0].summary["rounds"]))
@@ -298,10 +307,11 @@ def write_report(
     rounds_to: Sequence[float] = (),
     paired_with: str | None = None,
     with_swing: bool = False,
+    geometry: bool = False,
 ) -> str:
     """Print-ready markdown for the runs below ``root``; with ``out``, also report.md and curves.png there."""
     runs = load_runs(root)
-    table = report_table(runs, last, rounds_to, paired_with, with_swing)
+    table = report_table(runs, last, rounds_to, paired_with, with_swing, geometry)
     note = ""
     if paired_with is not None:
         note += (
@@ -310,6 +320,12 @@ def write_report(
         )
     if with_swing:
         note += f" GA swing: max - min of GA over those {last} rounds, in points."
+    if geometry:
+        note += (
+            " ∠: mean angle in degrees between centred class means on the test set: the global model over all"
+            " classes, each client's personal model over the classes it holds / lacks (FedGELA Fig. 3;"
+            " an ETF has 96.38 for 10 classes)."
+        )
     if rounds_to:
         note += " R<x>%: the first round with GA >= x%, mean over the seeds reaching it ((k/n): k of n did)."
     text = (

@@ -1,0 +1,116 @@
+"""Class-mean geometry of a finished run: the angles FedGELA's paper plots (Fig. 2, 3a-b, 5).
+
+For a feature map h(x) and the full test set, mu_c is the mean feature of class c's test samples. Angles are
+taken between the centred means mu_c - mean_c' mu_c' (the neural-collapse convention: a simplex ETF has every
+pairwise angle arccos(-1/(C-1)), 96.4 degrees for C = 10; uncentred ReLU features would always sit below 90).
+The same centre (the mean over all C classes) is used for subsets, so two classes still have a real angle.
+
+- global angle: the global model's features, mean over all class pairs (Fig. 3a);
+- held angle: each client's personal model, mean over pairs of the classes it holds, then mean over clients
+  (Fig. 3b: local adaptation should spread them wider than FedAvg or FedGE do);
+- missing angle: the same over pairs of the classes it lacks (Fig. 2: they collapse under FedAvg).
+
+The personal models are rebuilt by one more local update of every client from the final global state (with
+the run's seeded generators, as round R + 1 would run it): checkpoints keep only the personal state, not the
+locally trained backbone a round's personal evaluation used.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from fedpcd.engine.metrics import Predictor
+from fedpcd.errors import UserError
+
+ANGLES = ("angle_all", "angle_held", "angle_missing")
+
+
+def class_means(features: Tensor, labels: Tensor, num_classes: int) -> Tensor:
+    """[C, d]: the mean feature of each class (NaN rows for classes without samples)."""
+    sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float64)
+    sums.index_add_(0, labels, features.to(torch.float64))
+    counts = torch.bincount(labels, minlength=num_classes).to(torch.float64)
+    return sums / counts.unsqueeze(1)
+
+
+def mean_angle(means: Tensor, classes: Tensor | None = None) -> float | None:
+    """Mean pairwise angle in degrees between the centred class means of ``classes`` (a bool mask or index
+    tensor; default all); None for fewer than two classes."""
+    centred = means - means.mean(0, keepdim=True)
+    chosen = centred if classes is None else centred[classes]
+    if chosen.shape[0] < 2:
+        return None
+    unit = chosen / chosen.norm(dim=1, keepdim=True)
+    cos = (unit @ unit.T).clamp(-1.0, 1.0)
+    pairs = torch.triu_indices(len(unit), len(unit), offset=1)
+    return float(torch.rad2deg(torch.arccos(cos[pairs[0], pairs[1]])).mean())
+
+
+@torch.no_grad()
+def _means(features: Predictor, model: torch.nn.Module, x: Tensor, y: Tensor, num_classes: int) -> Tensor:
+    model.eval()
+    feats = torch.cat([features(x[i : i + 512]) for i in range(0, len(x), 512)])
+    return class_means(feats, y, num_classes)
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
+def run_geometry(run_dir: str | Path) -> dict[str, float | None]:
+    """The global, held and missing angles (degrees) of a finished run with a checkpoint (see module doc)."""
+    from fedpcd.config import load_config
+    from fedpcd.engine.federation import build_federation, client_step, set_threads
+    from fedpcd.engine.rundir import RunDir
+
+    path = Path(run_dir)
+    run = RunDir(path)
+    if not run.checkpoint.exists():
+        raise UserError(
+            f"no checkpoint in {path}: geometry needs the run's final state (archived runs lack it)"
+        )
+    config = load_config(path / "config.yaml", [f"output_dir={path}"])
+    set_threads(config)
+    fed = build_federation(config)
+    if fed.context.heterogeneous:
+        raise UserError(f"{path}: geometry compares one feature space; this run has several architectures")
+    algorithm = fed.new_algorithm()
+    ckpt = run.load_checkpoint()
+    server, states = ckpt["server"], ckpt["client_states"]
+    model = fed.model_for(0)
+    test_x, test_y, classes = fed.dataset.normalized("test"), fed.dataset.test_y, fed.dataset.num_classes
+    global_features = algorithm.global_features(model, server)
+    angle_all = None
+    if global_features is not None:
+        angle_all = mean_angle(_means(global_features, model, test_x, test_y, classes))
+    held, missing = [], []
+    for k, data in enumerate(fed.clients):
+        state = states.get(k)
+        payload = algorithm.payload_for(server, k)
+        client_model = fed.model_for(k, fresh=state is None)
+        _, state, _ = client_step(
+            algorithm,
+            client_model,
+            data,
+            payload,
+            state,
+            seed=config.seed,
+            rnd=config.rounds + 1,
+            evaluate=False,
+        )
+        means = _means(
+            algorithm.personal_features(client_model, payload, state), client_model, test_x, test_y, classes
+        )
+        present = data.label_counts > 0
+        held.append(mean_angle(means, present))
+        missing.append(mean_angle(means, ~present))
+    return {
+        "angle_all": angle_all,
+        "angle_held": _mean_or_none(held),
+        "angle_missing": _mean_or_none(missing),
+    }
