@@ -174,6 +174,15 @@ def test_swing_by_hand_and_report_column(tmp_path, capsys):
     assert "| 55.00 ± 7.07 |" in capsys.readouterr().out  # seed 0: 0.6 - 0.1, seed 1: 0.7 - 0.1
 
 
+def test_best_ga_column_by_hand(tmp_path, capsys):
+    _fake_run(tmp_path / "a0", 0, [0.1, 0.5, 0.4])
+    _fake_run(tmp_path / "a1", 1, [0.1, 0.7, 0.2])
+    row = _cells(report_table(load_runs(tmp_path), last=1, with_best=True))[0]
+    assert row["GA best"] == "60.00 ± 14.14"  # round 2 of each seed, whatever the last round says
+    assert row["GA"] == "30.00 ± 14.14"
+    assert main(["report", str(tmp_path), "--best"]) == 0 and "GA best" in capsys.readouterr().out
+
+
 def test_report_without_runs_is_user_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no finished runs" in capsys.readouterr().err

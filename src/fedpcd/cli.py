@@ -106,6 +106,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         paired_with=args.paired_with,
         with_swing=args.swing,
         geometry=args.geometry,
+        with_best=args.best,
     )
     print(text, end="")
     if args.out:
@@ -207,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--swing",
         action="store_true",
         help="add a 'GA swing' column: max - min of GA over the last N rounds (round-to-round stability)",
+    )
+    report.add_argument(
+        "--best",
+        action="store_true",
+        help="add a 'GA best' column: each run's highest GA over all rounds (FedGELA's code's protocol)",
     )
     report.add_argument(
         "--geometry",

@@ -211,12 +211,15 @@ def report_table(
     paired_with: str | None = None,
     with_swing: bool = False,
     geometry: bool = False,
+    with_best: bool = False,
 ) -> str:
     """A markdown table: one row per setting, metrics as mean ± std over seeds of the last-rounds mean;
     one "R<x>%" column per GA percentage x of ``rounds_to`` (``rounds_to_target``, ``rounds_cell``);
     with ``paired_with``, GA and PA-split minus those of that algorithm's run in the same setting and seed
     (``reference_runs``), mean ± std over the paired seeds, in points; ``with_swing``, a "GA swing" column
-    (``swing`` over the same last rounds, mean ± std over seeds); ``geometry``, the class-mean angles of
+    (``swing`` over the same last rounds, mean ± std over seeds); ``with_best``, a "GA best" column (the
+    highest GA of each run over all its rounds, mean ± std over seeds: the protocol of FedGELA's code and of
+    papers that report the best round); ``geometry``, the class-mean angles of
     ``fedpcd.report.geometry.run_geometry`` in degrees (runs without a checkpoint are left out of them)."""
     for x in rounds_to:
         if not 0.0 < x <= 100.0:
@@ -232,6 +235,7 @@ def report_table(
         *(label for _, label in METRICS),
         *deltas,
         *(["GA swing"] if with_swing else []),
+        *(["GA best"] if with_best else []),
         *(GEOMETRY_COLUMNS if geometry else []),
         *targets,
         "rounds",
@@ -260,6 +264,9 @@ def report_table(
                     [v for v in (swing(r.records, "global_acc", last) for r in members) if v is not None]
                 )
             )
+        if with_best:
+            every = [last_values(r.records, "global_acc", len(r.records)) for r in members]
+            cells.append(mean_std([max(v) for v in every if v]))
         if geometry:
             angles = [run_geometry(r.path) for r in members if (r.path / "checkpoint" / "state.pt").exists()]
             for key in ANGLES:
@@ -308,10 +315,11 @@ def write_report(
     paired_with: str | None = None,
     with_swing: bool = False,
     geometry: bool = False,
+    with_best: bool = False,
 ) -> str:
     """Print-ready markdown for the runs below ``root``; with ``out``, also report.md and curves.png there."""
     runs = load_runs(root)
-    table = report_table(runs, last, rounds_to, paired_with, with_swing, geometry)
+    table = report_table(runs, last, rounds_to, paired_with, with_swing, geometry, with_best)
     note = ""
     if paired_with is not None:
         note += (
@@ -320,6 +328,8 @@ def write_report(
         )
     if with_swing:
         note += f" GA swing: max - min of GA over those {last} rounds, in points."
+    if with_best:
+        note += " GA best: each run's highest GA over all its rounds."
     if geometry:
         note += (
             " ∠: mean angle in degrees between centred class means on the test set: the global model over all"
