@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from fedpcd.config import Config
+from fedpcd.algorithms import FedAvg
+from fedpcd.config import Config, load_config
+from fedpcd.engine.federation import Federation, build_federation, set_threads
+from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.simulation import resume_run, run_local
+from fedpcd.errors import UserError
 
-__all__ = ["resume_run", "run_experiment", "run_local"]
+__all__ = ["open_run", "resume_run", "run_experiment", "run_local"]
 
 
 def run_experiment(config: Config, progress: bool = True) -> dict[str, Any]:
@@ -17,3 +22,16 @@ def run_experiment(config: Config, progress: bool = True) -> dict[str, Any]:
 
         return run_flower(config, progress=progress)
     return run_local(config, progress=progress)
+
+
+def open_run(run_dir: str | Path) -> tuple[Federation, FedAvg, dict[str, Any]]:
+    """A finished run for analysis: its federation (data and partition rebuilt from its config.yaml), its
+    algorithm and its last checkpoint (``server``, ``client_states``, ``round``)."""
+    path = Path(run_dir)
+    run = RunDir(path)
+    if not run.checkpoint.exists():
+        raise UserError(f"no checkpoint in {path}: this needs the run's final state (archived runs lack it)")
+    config = load_config(path / "config.yaml", [f"output_dir={path}"])
+    set_threads(config)
+    fed = build_federation(config)
+    return fed, fed.new_algorithm(), run.load_checkpoint()

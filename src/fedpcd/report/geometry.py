@@ -64,23 +64,13 @@ def _mean_or_none(values: list[float | None]) -> float | None:
 
 def run_geometry(run_dir: str | Path) -> dict[str, float | None]:
     """The global, held and missing angles (degrees) of a finished run with a checkpoint (see module doc)."""
-    from fedpcd.config import load_config
-    from fedpcd.engine.federation import build_federation, client_step, set_threads
-    from fedpcd.engine.rundir import RunDir
+    from fedpcd.engine import open_run
+    from fedpcd.engine.federation import client_step
 
-    path = Path(run_dir)
-    run = RunDir(path)
-    if not run.checkpoint.exists():
-        raise UserError(
-            f"no checkpoint in {path}: geometry needs the run's final state (archived runs lack it)"
-        )
-    config = load_config(path / "config.yaml", [f"output_dir={path}"])
-    set_threads(config)
-    fed = build_federation(config)
+    fed, algorithm, ckpt = open_run(run_dir)
     if fed.context.heterogeneous:
-        raise UserError(f"{path}: geometry compares one feature space; this run has several architectures")
-    algorithm = fed.new_algorithm()
-    ckpt = run.load_checkpoint()
+        raise UserError(f"{run_dir}: geometry compares one feature space; this run has several architectures")
+    config = fed.config
     server, states = ckpt["server"], ckpt["client_states"]
     model = fed.model_for(0)
     test_x, test_y, classes = fed.dataset.normalized("test"), fed.dataset.test_y, fed.dataset.num_classes
