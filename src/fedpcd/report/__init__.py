@@ -23,7 +23,6 @@ from typing import Any
 import yaml
 
 from fedpcd.errors import UserError
-from fedpcd.report.geometry import ANGLES, run_geometry
 
 METRICS = [
     ("global_acc", "GA"),
@@ -33,7 +32,8 @@ METRICS = [
     ("pa_global", "PA-G"),
 ]
 IGNORED = {"seed", "output_dir"}
-GEOMETRY_COLUMNS = ["∠all°", "∠held°", "∠missing°"]  # ANGLES: global; personal over held / missing classes
+# run_geometry's angles: the global model over all classes; personal models over held / missing classes
+GEOMETRY_COLUMNS = {"angle_all": "∠all°", "angle_held": "∠held°", "angle_missing": "∠missing°"}
 TRAFFIC = ["kB up/rnd", "kB down/rnd"]  # mean bytes per round, all participants together
 
 
@@ -236,7 +236,7 @@ def report_table(
         *deltas,
         *(["GA swing"] if with_swing else []),
         *(["GA best"] if with_best else []),
-        *(GEOMETRY_COLUMNS if geometry else []),
+        *(GEOMETRY_COLUMNS.values() if geometry else []),
         *targets,
         "rounds",
         *TRAFFIC,
@@ -268,8 +268,10 @@ def report_table(
             every = [last_values(r.records, "global_acc", len(r.records)) for r in members]
             cells.append(mean_std([max(v) for v in every if v]))
         if geometry:
+            from fedpcd.report.geometry import run_geometry  # torch and the data: only when asked
+
             angles = [run_geometry(r.path) for r in members if (r.path / "checkpoint" / "state.pt").exists()]
-            for key in ANGLES:
+            for key in GEOMETRY_COLUMNS:
                 cells.append(mean_std([a[key] for a in angles if a[key] is not None], scale=1.0))
         for x in rounds_to:
             cells.append(rounds_cell([rounds_to_target(r.records, "global_acc", x / 100) for r in members]))

@@ -26,8 +26,6 @@ from torch import Tensor
 from fedpcd.engine.metrics import Predictor
 from fedpcd.errors import UserError
 
-ANGLES = ("angle_all", "angle_held", "angle_missing")
-
 
 def class_means(features: Tensor, labels: Tensor, num_classes: int) -> Tensor:
     """[C, d]: the mean feature of each class (NaN rows for classes without samples)."""
