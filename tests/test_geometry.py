@@ -33,6 +33,9 @@ def test_mean_angle_by_hand():
     assert mean_angle(means, torch.tensor([True, False, True, False])) == pytest.approx(90.0)
     assert mean_angle(means, torch.tensor([0, 1])) == pytest.approx(180.0)
     assert mean_angle(means, torch.tensor([2])) is None
+    with_empty = torch.cat([means, torch.full((1, 2), float("nan"), dtype=torch.float64)])
+    assert mean_angle(with_empty) == pytest.approx(120.0)  # a class without samples is left out
+    assert mean_angle(with_empty, torch.tensor([0, 4])) is None
     # the subset keeps the centre of all classes: e1, e2, e3 centred are 120 degrees apart, not 180
     assert mean_angle(torch.eye(3, dtype=torch.float64), torch.tensor([0, 1])) == pytest.approx(120.0)
 

@@ -268,9 +268,10 @@ def report_table(
             every = [last_values(r.records, "global_acc", len(r.records)) for r in members]
             cells.append(mean_std([max(v) for v in every if v]))
         if geometry:
-            from fedpcd.report.geometry import run_geometry  # torch and the data: only when asked
+            from fedpcd.engine.rundir import RunDir  # torch and the data: only when asked
+            from fedpcd.report.geometry import run_geometry
 
-            angles = [run_geometry(r.path) for r in members if (r.path / "checkpoint" / "state.pt").exists()]
+            angles = [run_geometry(r.path) for r in members if RunDir(r.path).checkpoint.exists()]
             for key in GEOMETRY_COLUMNS:
                 cells.append(mean_std([a[key] for a in angles if a[key] is not None], scale=1.0))
         for x in rounds_to:

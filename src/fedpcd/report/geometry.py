@@ -37,9 +37,11 @@ def class_means(features: Tensor, labels: Tensor, num_classes: int) -> Tensor:
 
 def mean_angle(means: Tensor, classes: Tensor | None = None) -> float | None:
     """Mean pairwise angle in degrees between the centred class means of ``classes`` (a bool mask or index
-    tensor; default all); None for fewer than two classes."""
-    centred = means - means.mean(0, keepdim=True)
+    tensor; default all); classes without samples (NaN rows) are left out; None for fewer than two classes."""
+    valid = ~means.isnan().any(1)
+    centred = means - means[valid].mean(0, keepdim=True)
     chosen = centred if classes is None else centred[classes]
+    chosen = chosen[~chosen.isnan().any(1)]
     if chosen.shape[0] < 2:
         return None
     unit = chosen / chosen.norm(dim=1, keepdim=True)
