@@ -273,7 +273,7 @@ def test_fedlc_calibrated_loss_by_hand_both_denominators():
 
 
 def test_fedlc_loss_uses_client_margins():
-    algo = _setup(FedLC(tau=1.0))
+    algo = _setup(FedLC(tau=1.0, denominator="paper"))
     model = Direct(2, 3)
     x = torch.randn(5, 2)
     y = torch.tensor([0, 0, 0, 1, 1])
@@ -441,7 +441,7 @@ def test_fedetf_etf_dimension_option():
 def test_registered_with_typed_defaults():
     assert build_algorithm("moon").mu == 1e-4 and build_algorithm("moon").tau == 0.5
     assert build_algorithm("fedrs").alpha == 0.5
-    assert build_algorithm("fedlc").denominator == "paper"
+    assert build_algorithm("fedlc").denominator == "all"  # the printed form collapses (issue 22)
     assert build_algorithm("fedproc").weight == 1e-3
     assert build_algorithm("fedntd").beta == 1.0 and build_algorithm("fedntd").tau == 1.0
     assert build_algorithm("fedetf").finetune_rounds == 20

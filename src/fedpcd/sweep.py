@@ -10,7 +10,17 @@ goes to ``<output_dir>/<name>``, its name built from the swept values::
       algorithm: [{name: fedavg}, {name: fedprox, mu: 0.01}]
       seed: [0, 1, 2]
 
-Running the sweep again skips finished runs and resumes interrupted ones from their checkpoints.
+The reserved axis ``setting`` varies several keys together: each value is a mapping of (dotted) keys to
+values, applied at once, with an optional ``label`` that names it in the folder (e.g. P5C2 needs both
+``clients: 5`` and its partition)::
+
+    sweep:
+      setting:
+        - {label: P10C2, partition: {scheme: pathological, classes_per_client: 2}}
+        - {label: P5C2, clients: 5, partition: {scheme: pathological, classes_per_client: 2}}
+
+Running the sweep again skips finished runs and resumes interrupted ones from their checkpoints. A run that
+fails (an exception, e.g. a diverging method) is reported and the sweep goes on with the others.
 """
 
 from __future__ import annotations
@@ -18,6 +28,8 @@ from __future__ import annotations
 import copy
 import itertools
 import re
+import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
@@ -27,9 +39,12 @@ from fedpcd.config import Config, config_from_dict, merge_dicts, parse_overrides
 from fedpcd.errors import UserError
 
 MAIN_KEYS = ("name", "scheme")
+SETTING = "setting"  # the axis whose values are mappings of several keys set together
 
 
 def _label(key: str, value: Any) -> str:
+    if key == SETTING:
+        return str(value["label"]) if "label" in value else _plain(value)
     leaf = key.split(".")[-1]
     if isinstance(value, dict):
         main = next((str(value[k]) for k in MAIN_KEYS if k in value), leaf)
@@ -63,13 +78,20 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise UserError(f"sweep key {key!r} in {path} must map to a non-empty list of values")
+        if key == SETTING and not all(isinstance(v, dict) for v in values):
+            raise UserError(f"every value of the sweep axis 'setting' in {path} must be a mapping of keys")
     base = merge_dicts(raw, parse_overrides(overrides or []))
     root = Path(base.get("output_dir", "runs/sweep"))
     configs, names = [], set()
     for combo in itertools.product(*grid.values()):
         run = copy.deepcopy(base)
         for key, value in zip(grid, combo, strict=True):
-            _set(run, key, value)
+            if key == SETTING:
+                for sub_key, sub_value in value.items():
+                    if sub_key != "label":
+                        _set(run, sub_key, sub_value)
+            else:
+                _set(run, key, value)
         name = re.sub(
             r"[^A-Za-z0-9.=_-]+", "", "_".join(_label(k, v) for k, v in zip(grid, combo, strict=True))
         )
@@ -104,7 +126,11 @@ def _run_one(config_data: dict[str, Any], resume: bool) -> tuple[str, float]:
 
 
 def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 1) -> list[Config]:
-    """Run every unfinished run of the grid, ``jobs`` processes at a time; returns the grid's configs."""
+    """Run every unfinished run of the grid, ``jobs`` processes at a time; returns the grid's configs.
+
+    A failing run is reported on stderr and left as it is; the others go on. Raises UserError at the end
+    naming the failed runs, so the command exits 2 and a rerun retries (resumes) them.
+    """
     configs = expand_sweep(path, overrides)
     todo = []
     for cfg in configs:
@@ -114,14 +140,25 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
         elif status != "done":
             todo.append((cfg, status == "resume"))
     print(f"sweep: {len(configs)} runs, {len(configs) - len(todo)} finished or skipped, {len(todo)} to run")
+    failed: list[str] = []
+
+    def finished(out: str, outcome: Callable[[], tuple[str, float]]) -> None:
+        try:
+            _, wall = outcome()
+        except Exception as exc:  # one run's failure must not stop the others
+            failed.append(out)
+            print(f"FAILED {out}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        else:
+            print(f"done {out} ({wall:.0f} s)", flush=True)
+
     if jobs <= 1:
         for cfg, resume in todo:
-            out, wall = _run_one(cfg.to_dict(), resume)
-            print(f"done {out} ({wall:.0f} s)", flush=True)
-        return configs
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_run_one, cfg.to_dict(), resume) for cfg, resume in todo]
-        for fut in as_completed(futures):
-            out, wall = fut.result()
-            print(f"done {out} ({wall:.0f} s)", flush=True)
+            finished(cfg.output_dir, lambda c=cfg, r=resume: _run_one(c.to_dict(), r))
+    else:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(_run_one, cfg.to_dict(), resume): cfg.output_dir for cfg, resume in todo}
+            for fut in as_completed(futures):
+                finished(futures[fut], fut.result)
+    if failed:
+        raise UserError(f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}")
     return configs

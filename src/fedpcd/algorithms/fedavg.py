@@ -87,6 +87,10 @@ class FedAvg:
     def before_step(self, model: nn.Module, payload: Payload, state: Any) -> None:
         """Called after backward and before the optimiser step (gradient corrections go here)."""
 
+    def max_grad_norm(self) -> float | None:
+        """The local loop's gradient-norm clip: ``local.grad_clip`` (None: no clipping)."""
+        return self.ctx.local.grad_clip
+
     def train(
         self,
         model: nn.Module,
@@ -118,8 +122,9 @@ class FedAvg:
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 self.before_step(model, payload, state)
-                if cfg.grad_clip is not None:
-                    nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                clip = self.max_grad_norm()
+                if clip is not None:
+                    nn.utils.clip_grad_norm_(params, clip)
                 opt.step()
                 n = len(batch[1])
                 total += loss.detach() * n

@@ -18,6 +18,9 @@ K steps move the model about K eta_l / (1 - beta) times the mean gradient, so th
 overestimates the gradient ~1/(1 - beta) = 10-fold and the variates blow up (NaN within 3 rounds on
 fmnist P10C2 with 5 local epochs). ``momentum_aware`` (default) divides by the effective K eta_l / (1 - beta)
 instead; with momentum 0 both forms are Alg. 1 exactly. ``momentum_aware=false`` is the literal formula.
+
+Gradient clipping: the local loop clips the (corrected) gradient's norm at ``grad_clip`` = 10 unless
+``local.grad_clip`` is set, as the official FedDC code does for its SCAFFOLD and FedDC runs; FedDC inherits it.
 """
 
 from __future__ import annotations
@@ -67,6 +70,15 @@ class Scaffold(FedAvg):
     weighting: Weighting = "samples"
     # Option II's denominator K eta_l / (1 - beta) under momentum beta (module docstring); False: K eta_l.
     momentum_aware: bool = True
+    # Gradient-norm clip of the local loop when ``local.grad_clip`` is null (which takes precedence): 10, as
+    # the official FedDC code (which also runs its SCAFFOLD) clips; without it the variates can diverge under
+    # label skew. null: no clipping.
+    grad_clip: Annotated[float | None, Field(gt=0.0, allow_inf_nan=False)] = 10.0
+
+    def max_grad_norm(self) -> float | None:
+        """``local.grad_clip`` if set, else this algorithm's ``grad_clip`` (10, the official codes')."""
+        local = self.ctx.local.grad_clip
+        return local if local is not None else self.grad_clip
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:

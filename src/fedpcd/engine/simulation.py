@@ -10,16 +10,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.config import Config, load_config
 from fedpcd.data.stats import partition_json
-from fedpcd.engine.federation import (
-    build_federation,
-    client_step,
-    global_accuracy,
-    sample_clients,
-    set_threads,
-)
+from fedpcd.engine.executor import train_clients
+from fedpcd.engine.federation import build_federation, global_accuracy, sample_clients, set_threads
 from fedpcd.engine.rundir import RunDir, round_record, summary_of
 from fedpcd.errors import UserError
 
@@ -66,27 +60,11 @@ def run_local(config: Config, resume: bool = False, progress: bool = True) -> di
         t0 = time.perf_counter()
         evaluate = is_eval_round(rnd, config)
         ids = sample_clients(config.clients, config.participation, config.seed, rnd)
-        replies, evals, down, up = [], [], 0, 0
-        for k in ids:
-            payload = algorithm.payload_for(server, k)
-            state = client_states.get(k)
-            reply, state, metrics = client_step(
-                algorithm,
-                fed.model_for(k, fresh=state is None),
-                fed.clients[k],
-                payload,
-                state,
-                seed=config.seed,
-                rnd=rnd,
-                evaluate=evaluate,
-                full_test=config.personal_test == "full",
-            )
-            if state is not None:
-                client_states[k] = state
-            down += tensor_bytes(payload)
-            up += tensor_bytes(reply)
-            replies.append(reply)
-            evals.append(metrics)
+        results = train_clients(algorithm, fed, server, ids, client_states, rnd, evaluate)
+        replies = [r.reply for r in results]
+        evals = [r.metrics for r in results]
+        down = sum(r.bytes_down for r in results)
+        up = sum(r.bytes_up for r in results)
         server = algorithm.aggregate(server, replies)
         ga = global_accuracy(algorithm, fed.model_for(0), fed, server) if evaluate else None
         round_wall = time.perf_counter() - t0
