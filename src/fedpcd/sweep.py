@@ -19,15 +19,21 @@ values, applied at once, with an optional ``label`` that names it in the folder 
         - {label: P10C2, partition: {scheme: pathological, classes_per_client: 2}}
         - {label: P5C2, clients: 5, partition: {scheme: pathological, classes_per_client: 2}}
 
+Every sweep keeps ``<output_dir>/index.sqlite``, one row per run of the grid (its config and summary as JSON
+plus the headline numbers as columns), updated as runs finish; see ``write_index``.
+
 Running the sweep again skips finished runs and resumes interrupted ones from their checkpoints. A run that
 fails (an exception, e.g. a diverging method) is reported and the sweep goes on with the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
+import json
 import re
+import sqlite3
 import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -140,6 +146,8 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
         elif status != "done":
             todo.append((cfg, status == "resume"))
     print(f"sweep: {len(configs)} runs, {len(configs) - len(todo)} finished or skipped, {len(todo)} to run")
+    index = index_path(path, overrides)
+    write_index(index, configs)
     failed: list[str] = []
 
     def finished(out: str, outcome: Callable[[], tuple[str, float]]) -> None:
@@ -150,6 +158,7 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
             print(f"FAILED {out}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         else:
             print(f"done {out} ({wall:.0f} s)", flush=True)
+        write_index(index, [c for c in configs if c.output_dir == out])
 
     if jobs <= 1:
         for cfg, resume in todo:
@@ -162,3 +171,72 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
     if failed:
         raise UserError(f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}")
     return configs
+
+
+# ----- the results index ----------------------------------------------------------------------------------
+# SQLite rather than Parquet: it is in Python's standard library (no pyarrow), transactional (a sweep killed
+# while writing never leaves a torn index), updated row by row as runs finish without rewriting the file, and
+# read by the sqlite3 shell, pandas.read_sql or any SQL client.
+
+INDEX_COLUMNS = {
+    "output_dir": "TEXT PRIMARY KEY",
+    "status": "TEXT",  # done | resume | stuck | new (run_status)
+    "algorithm": "TEXT",
+    "dataset": "TEXT",
+    "partition": "TEXT",  # the partition section as JSON
+    "clients": "INTEGER",
+    "participation": "REAL",
+    "seed": "INTEGER",
+    "rounds": "INTEGER",
+    "final_ga": "REAL",
+    "final_pa": "REAL",  # PA-split of the last evaluated round
+    "best_ga": "REAL",
+    "best_pa": "REAL",
+    "wall_s": "REAL",
+    "config": "TEXT",  # the resolved config as JSON
+    "summary": "TEXT",  # summary.json as written (NULL until the run is done)
+}
+
+
+def index_path(path: str | Path, overrides: list[str] | None = None) -> Path:
+    """``<output_dir>/index.sqlite`` of a sweep file."""
+    raw = merge_dicts(read_yaml(path), parse_overrides(overrides or []))
+    return Path(raw.get("output_dir", "runs/sweep")) / "index.sqlite"
+
+
+def index_row(config: Config) -> dict[str, Any]:
+    """One index row: the run's status, config and (once done) its summary's headline numbers."""
+    status = run_status(config)
+    summary_file = Path(config.output_dir) / "summary.json"
+    summary = json.loads(summary_file.read_text()) if status == "done" else None
+    final = (summary or {}).get("final", {})
+    best = (summary or {}).get("best", {})
+    return {
+        "output_dir": config.output_dir,
+        "status": status,
+        "algorithm": config.algorithm.name,
+        "dataset": config.dataset.name,
+        "partition": json.dumps(config.to_dict()["partition"], sort_keys=True),
+        "clients": config.clients,
+        "participation": config.participation,
+        "seed": config.seed,
+        "rounds": config.rounds,
+        "final_ga": final.get("global_acc"),
+        "final_pa": final.get("personal_acc"),
+        "best_ga": best.get("global_acc"),
+        "best_pa": best.get("personal_acc"),
+        "wall_s": (summary or {}).get("wall_s"),
+        "config": json.dumps(config.to_dict(), sort_keys=True),
+        "summary": json.dumps(summary, sort_keys=True) if summary is not None else None,
+    }
+
+
+def write_index(path: Path, configs: list[Config]) -> None:
+    """Insert or replace the rows of ``configs`` in the SQLite index at ``path`` (one transaction)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [index_row(c) for c in configs]
+    columns = ", ".join(f"{name} {kind}" for name, kind in INDEX_COLUMNS.items())
+    marks = ", ".join(f":{name}" for name in INDEX_COLUMNS)
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as db, db:
+        db.execute(f"CREATE TABLE IF NOT EXISTS runs ({columns})")
+        db.executemany(f"INSERT OR REPLACE INTO runs VALUES ({marks})", rows)

@@ -97,10 +97,15 @@ def partition_json(partition: Partition, train_labels: np.ndarray, test_labels: 
 
 def plot_partition(partition: Partition, train_labels: np.ndarray, path: str | Path) -> None:
     """Write a client x class heatmap of train counts as a PNG (Agg, no global pyplot state), atomically."""
+    plot_counts(partition.train_counts(train_labels), path)
+
+
+def plot_counts(counts: np.ndarray, path: str | Path, title: str = "") -> None:
+    """Write the heatmap of a [clients, classes] train-count matrix (e.g. partition.json's) as a PNG."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    counts = partition.train_counts(train_labels)
+    counts = np.asarray(counts)
     num_clients, num_classes = counts.shape
     width = float(np.clip(3.5 + 0.09 * num_classes, 6.0, 14.0))
     height = float(np.clip(2.5 + 0.09 * num_clients, 4.0, 12.0))
@@ -110,7 +115,8 @@ def plot_partition(partition: Partition, train_labels: np.ndarray, path: str | P
     image = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
     ax.set_xlabel("class")
     ax.set_ylabel("client")
-    ax.set_title(f"train samples: {num_clients} clients x {num_classes} classes", fontsize=10)
+    heading = f"train samples: {num_clients} clients x {num_classes} classes"
+    ax.set_title(f"{title}: {heading}" if title else heading, fontsize=10)
     for axis, n in ((ax.xaxis, num_classes), (ax.yaxis, num_clients)):
         if n <= 30:
             axis.set_ticks(range(n))

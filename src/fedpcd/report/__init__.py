@@ -310,6 +310,16 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
     atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=110), mode="wb")
 
 
+def output_paths(out: str | Path) -> tuple[Path, Path]:
+    """(markdown file, figures folder) of ``--out``: a folder gets report.md inside; a path ending in .md is
+    the markdown file itself, its figures in the folder of the same stem beside it (docs/leaderboard.md and
+    docs/leaderboard/)."""
+    out = Path(out)
+    if out.suffix == ".md":
+        return out, out.with_suffix("")
+    return out / "report.md", out
+
+
 def write_report(
     root: str | Path,
     out: str | Path | None = None,
@@ -319,8 +329,15 @@ def write_report(
     with_swing: bool = False,
     geometry: bool = False,
     with_best: bool = False,
+    title: str | None = None,
+    notes: str | Path | None = None,
 ) -> str:
-    """Print-ready markdown for the runs below ``root``; with ``out``, also report.md and curves.png there."""
+    """Print-ready markdown for the runs below ``root``; with ``out``, also written there with its figures
+    (see ``output_paths``). Runs of several methods in several settings also get the papers' layout
+    (``fedpcd.report.paper``: methods x settings tables, communication, per-setting curves, partitions).
+    ``title`` becomes a heading and the markdown file ``notes`` a preamble under it."""
+    from fedpcd.report.paper import METHOD_SECTION, build_grid, paper_sections
+
     runs = load_runs(root)
     table = report_table(runs, last, rounds_to, paired_with, with_swing, geometry, with_best)
     note = ""
@@ -341,14 +358,33 @@ def write_report(
         )
     if rounds_to:
         note += " R<x>%: the first round with GA >= x%, mean over the seeds reaching it ((k/n): k of n did)."
-    text = (
+    intro = (
         f"Runs below `{root}`: metrics in %, mean ± std over seeds of each run's mean over its last "
-        f"{last} evaluated rounds.{note}\n\n" + table + "\n"
+        f"{last} evaluated rounds.{note}\n\n"
     )
+    markdown, figures = output_paths(out) if out is not None else (None, None)
+    varying, _ = group_runs(runs)
+    sections = {k.partition(".")[0] for k in varying}
+    paper = ""
+    if METHOD_SECTION in sections and len(sections) > 1:
+        grid = build_grid(runs)
+        paper = paper_sections(
+            grid, last, figures, lambda p: p.relative_to(markdown.parent).as_posix() if markdown else str(p)
+        )
+        text = intro + paper + f"\n## All runs\n\n{table}\n"
+    else:
+        text = intro + table + "\n"
+    if notes is not None:
+        try:
+            text = Path(notes).read_text().strip() + "\n\n" + text
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read the notes file {notes}: {exc}") from exc
+    if title:
+        text = f"# {title}\n\n{text}"
     if out is not None:
         from fedpcd.utils import atomic_write_text
 
-        out = Path(out)
-        atomic_write_text(out / "report.md", text)
-        plot_curves(runs, out / "curves.png")
+        atomic_write_text(markdown, text)
+        if not paper:
+            plot_curves(runs, figures / "curves.png")
     return text

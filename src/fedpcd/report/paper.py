@@ -1,0 +1,345 @@
+"""The papers' layout of many runs: methods as rows, settings as columns.
+
+A run's *method* is its ``algorithm`` section (name and parameters); its *setting* is every other config key
+that differs between the runs (partition, number of clients, participation, dataset, ...), named the way the
+papers name them (P10C2, Dir(0.1), IID; ``K=100`` and ``participation=0.1`` added when they vary). Seeds of
+the same method and setting form one cell: mean ± std over seeds of a per-run value, either the mean over the
+run's last ``last`` evaluated rounds ("last") or its best evaluated round ("best"), the two protocols the
+papers mix; the best method of each column is in bold.
+
+Also here: the communication view of FedMR's and FedSC's tables (rounds and megabytes each method needs to
+reach the reference method's best GA of the same setting and seed), one accuracy-vs-round plot per setting
+(one line per method, the band spanning the seeds), the partitions' client x class heatmaps (from the runs'
+partition.json, no data needed) and a CSV of every cell.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import statistics
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedpcd.report import (
+    METRICS,
+    Run,
+    _flatten,
+    _without_algorithm,
+    group_runs,
+    last_mean,
+    mean_bytes,
+    mean_std,
+    setting_columns,
+)
+from fedpcd.utils import atomic_write, atomic_write_text
+
+METHOD_SECTION = "algorithm"
+PROTOCOLS = ("last", "best")
+_SCHEME_ORDER = ["iid", "dirichlet", "shards", "pathological", "fedssa", "longtail", "explicit"]
+
+
+def partition_name(partition: dict[str, Any], clients: int) -> str:
+    """The papers' short name of a partition: P10C2, Dir(0.1), IID, shards(2), LT(0.01)+..., SSA-C2."""
+    scheme = partition.get("scheme")
+    if scheme == "pathological":
+        return f"P{clients}C{partition.get('classes_per_client')}"
+    if scheme == "dirichlet":
+        return f"Dir({partition.get('beta'):g})"
+    if scheme == "iid":
+        return "IID"
+    if scheme == "shards":
+        return f"shards({partition.get('shards_per_client')})"
+    if scheme == "fedssa":
+        return f"SSA-C{partition.get('classes_per_client')}"
+    if scheme == "longtail":
+        return f"LT({partition.get('rho'):g})+{partition_name(partition.get('then') or {}, clients)}"
+    return str(scheme)
+
+
+def _setting_sort_key(config: dict[str, Any]) -> tuple:
+    part = config.get("partition", {})
+    scheme = part.get("scheme")
+    rank = _SCHEME_ORDER.index(scheme) if scheme in _SCHEME_ORDER else len(_SCHEME_ORDER)
+    strength = -float(part.get("beta", part.get("classes_per_client", 0)) or 0)
+    return (config.get("clients", 0), rank, strength, json.dumps(config, sort_keys=True, default=str))
+
+
+@dataclass
+class Grid:
+    """Runs arranged as methods x settings; ``cells[(method, setting)]`` holds the seeds' runs."""
+
+    methods: list[str]
+    settings: list[str]
+    cells: dict[tuple[str, str], list[Run]] = field(default_factory=dict)
+
+    def runs(self, method: str, setting: str) -> list[Run]:
+        return self.cells.get((method, setting), [])
+
+
+def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
+    """Arrange runs by method (the algorithm section) and setting (every other varying key but the seed)."""
+    varying, _ = group_runs(list(runs))
+    method_keys = [k for k in varying if k.partition(".")[0] == METHOD_SECTION]
+    setting_keys = [k for k in varying if k.partition(".")[0] != METHOD_SECTION]
+    flats = [_flatten(run.config) for run in runs]
+    usual = {k: _usual(k, [f.get(k) for f in flats]) for k in setting_keys}
+    methods: dict[str, None] = {}
+    settings: dict[str, tuple] = {}
+    cells: dict[tuple[str, str], list[Run]] = {}
+    for run, flat in zip(runs, flats, strict=True):
+        method = setting_columns(method_keys, tuple(flat.get(k) for k in method_keys)).get(METHOD_SECTION)
+        method = method or run.config[METHOD_SECTION]["name"]
+        unusual = [k for k in setting_keys if json.dumps(flat.get(k), default=str) != usual[k]]
+        setting = _setting_name(run.config, flat, unusual)
+        methods.setdefault(method)
+        settings.setdefault(setting, _setting_sort_key({k: v for k, v in run.config.items() if k != "seed"}))
+        cells.setdefault((method, setting), []).append(run)
+    ordered_methods = sorted(methods, key=lambda m: (m.split()[0] != reference, m))
+    ordered_settings = sorted(settings, key=lambda s: settings[s])
+    return Grid(ordered_methods, ordered_settings, cells)
+
+
+def _usual(key: str, values: list[Any]) -> str | None:
+    """The value (as JSON) most runs have for a config key, left out of setting names: the most common one,
+    a tie going to the key's default; None (show the key everywhere) for a tie without the default."""
+    from fedpcd.config import Config
+
+    default = json.dumps(Config().to_dict().get(key) if "." not in key else None, default=str)
+    counts = Counter(json.dumps(v, default=str) for v in values).most_common()
+    tied = [v for v, n in counts if n == counts[0][1]]
+    if len(tied) == 1:
+        return tied[0]
+    return default if default in tied else None
+
+
+def _setting_name(config: dict[str, Any], flat: dict[str, Any], shown: list[str]) -> str:
+    """The partition's short name, then ``key=value`` for the other keys in ``shown`` (those whose value
+    differs from the one most runs have; pathological names already carry the number of clients)."""
+    clients = int(config.get("clients", 0))
+    part = config.get("partition", {})
+    name = partition_name(part, clients)
+    extra = []
+    for key in shown:
+        if key.startswith("partition.") or (key == "clients" and part.get("scheme") == "pathological"):
+            continue
+        label = "K" if key == "clients" else key
+        extra.append(f"{label}={flat.get(key)}")
+    return " ".join([name, *extra])
+
+
+def run_value(run: Run, metric: str, protocol: str, last: int) -> float | None:
+    """A run's ``metric``: mean over its last ``last`` evaluated rounds, or its best evaluated round."""
+    if protocol == "last":
+        return last_mean(run.records, metric, last)
+    values = [r[metric] for r in run.records if r.get(metric) is not None]
+    return max(values) if values else None
+
+
+def cell_values(grid: Grid, metric: str, protocol: str, last: int) -> dict[tuple[str, str], list[float]]:
+    """Per cell, the seeds' values of ``metric`` under ``protocol`` (cells without a value left out)."""
+    out = {}
+    for key, members in grid.cells.items():
+        values = [v for v in (run_value(r, metric, protocol, last) for r in members) if v is not None]
+        if values:
+            out[key] = values
+    return out
+
+
+def pivot_table(grid: Grid, metric: str, protocol: str, last: int) -> str:
+    """Markdown: methods x settings, mean ± std over seeds in %, the column's best mean in bold."""
+    values = cell_values(grid, metric, protocol, last)
+    best = {
+        s: max((statistics.fmean(v) for (m, s2), v in values.items() if s2 == s), default=None)
+        for s in grid.settings
+    }
+    lines = [
+        "| method | " + " | ".join(grid.settings) + " |",
+        "|---|" + "---|" * len(grid.settings),
+    ]
+    for method in grid.methods:
+        cells = []
+        for setting in grid.settings:
+            vals = values.get((method, setting))
+            text = mean_std(vals or [])
+            if vals and statistics.fmean(vals) == best[setting]:
+                text = f"**{text}**"
+            cells.append(text)
+        if any(c != "-" for c in cells):
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def communication_table(grid: Grid, reference: str = "fedavg") -> str | None:
+    """Markdown: per method and setting, the rounds and megabytes (up + down) to reach the best GA of the
+    ``reference`` run of the same setting and seed. Rounds are evaluated rounds (resolution ``eval_every``);
+    megabytes are the mean traffic of an evaluated round times those rounds. None without reference runs."""
+    refs: dict[str, Run] = {}
+    for (method, _), members in grid.cells.items():
+        if method.split()[0] == reference:
+            for run in members:
+                refs[_without_algorithm(run)] = run
+    if not refs:
+        return None
+    lines = ["| method | " + " | ".join(grid.settings) + " |", "|---|" + "---|" * len(grid.settings)]
+    for method in grid.methods:
+        cells = []
+        for setting in grid.settings:
+            reached, tried = [], 0
+            for run in grid.runs(method, setting):
+                ref = refs.get(_without_algorithm(run))
+                target = run_value(ref, "global_acc", "best", 0) if ref is not None else None
+                if target is None or all(r.get("global_acc") is None for r in run.records):
+                    continue
+                tried += 1
+                first = next(
+                    (r["round"] for r in run.records if (r.get("global_acc") or -1.0) >= target), None
+                )
+                if first is not None:
+                    per_round = mean_bytes(run.records, "bytes_up") + mean_bytes(run.records, "bytes_down")
+                    reached.append((first, first * per_round / 1e6))
+            if not tried:
+                cells.append("")
+            elif not reached:
+                cells.append("-")
+            else:
+                text = (
+                    f"{statistics.fmean(r for r, _ in reached):.0f} "
+                    f"({statistics.fmean(mb for _, mb in reached):.1f} MB)"
+                )
+                cells.append(text if len(reached) == tried else f"{text} [{len(reached)}/{tried}]")
+        if any(cells):
+            lines.append(f"| {method} | " + " | ".join(c or "n/a" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a setting name."""
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", text).strip("_")
+
+
+def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
+    """GA and PA-split over rounds in one setting: one line per method (mean over seeds), the band spans the
+    seeds (min to max), colours from tab20 with two line styles so 40 methods stay distinguishable."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 5.2))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    colours = colormaps["tab20"].colors
+    for i, method in enumerate(grid.methods):
+        members = grid.runs(method, setting)
+        for ax, (metric, title) in zip(axes, METRICS[:2], strict=False):
+            by_round: dict[int, list[float]] = {}
+            for run in members:
+                for r in run.records:
+                    if r.get(metric) is not None:
+                        by_round.setdefault(r["round"], []).append(100 * r[metric])
+            if not by_round:
+                continue
+            rounds = sorted(by_round)
+            style = {"color": colours[i % 20], "linestyle": "-" if i < 20 else "--"}
+            ax.plot(rounds, [statistics.fmean(by_round[t]) for t in rounds], label=method, lw=1.4, **style)
+            if len(members) > 1:
+                low = [min(by_round[t]) for t in rounds]
+                high = [max(by_round[t]) for t in rounds]
+                ax.fill_between(rounds, low, high, color=style["color"], alpha=0.15, lw=0)
+            ax.set_title(f"{setting}: {title}")
+            ax.set_xlabel("round")
+            ax.set_ylabel(f"{title} (%)")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[1].get_legend_handles_labels()
+    if len(labels) < len(axes[0].get_legend_handles_labels()[1]):
+        handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=7, ncols=1 + len(labels) // 26)
+    fig.set_layout_engine("constrained")
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100, metadata={"Software": None}), "wb")
+
+
+def partition_counts(run: Run) -> list[list[int]] | None:
+    """The run's client x class train counts from its partition.json (None if the file is missing)."""
+    path = run.path / "partition.json"
+    if not path.exists():
+        return None
+    return [c["train_counts"] for c in json.loads(path.read_text())["clients"]]
+
+
+def cells_csv(grid: Grid, last: int) -> str:
+    """CSV, one row per method and setting: seeds, then mean and std of every metric under both protocols."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    header = ["method", "setting", "seeds"]
+    for metric, _ in METRICS:
+        for protocol in PROTOCOLS:
+            header += [f"{metric}_{protocol}_mean", f"{metric}_{protocol}_std"]
+    writer.writerow(header)
+    tables = {(m, p): cell_values(grid, m, p, last) for m, _ in METRICS for p in PROTOCOLS}
+    for method in grid.methods:
+        for setting in grid.settings:
+            members = grid.runs(method, setting)
+            if not members:
+                continue
+            row: list[Any] = [method, setting, len(members)]
+            for metric, _ in METRICS:
+                for protocol in PROTOCOLS:
+                    vals = tables[(metric, protocol)].get((method, setting), [])
+                    row += [
+                        f"{statistics.fmean(vals):.6f}" if vals else "",
+                        f"{statistics.stdev(vals):.6f}" if len(vals) > 1 else "",
+                    ]
+            writer.writerow(row)
+    return buffer.getvalue()
+
+
+def paper_sections(
+    grid: Grid,
+    last: int,
+    figures: Path | None,
+    link: Callable[[Path], str],
+    reference: str = "fedavg",
+) -> str:
+    """The papers' tables (GA and PA-split, last and best), the communication view and, with ``figures``
+    (a folder), the per-setting curves and partition heatmaps written there and linked through ``link``."""
+    from fedpcd.data.stats import plot_counts
+
+    parts = []
+    for metric, label in METRICS[:2]:
+        for protocol in PROTOCOLS:
+            how = f"mean of the last {last} evaluated rounds"
+            if protocol == "best":
+                how = "best evaluated round"
+            parts.append(f"## {label} (%), {how}\n\n{pivot_table(grid, metric, protocol, last)}\n")
+    comm = communication_table(grid, reference)
+    if comm is not None:
+        parts.append(
+            f"## Communication: evaluated rounds (and MB up + down) to reach {reference}'s best GA\n\n"
+            "Per setting and seed, the first evaluated round whose GA reaches the best GA of the "
+            f"{reference} run with the same setting and seed; '-': never reached; [k/n]: k of n seeds "
+            "reached it.\n\n"
+            f"{comm}\n"
+        )
+    if figures is not None:
+        curves, partitions = [], []
+        for setting in grid.settings:
+            name = slug(setting)
+            plot_setting_curves(grid, setting, figures / f"curves-{name}.png")
+            curves.append(f"![{setting}]({link(figures / f'curves-{name}.png')})")
+            first = next((runs[0] for (m, s), runs in grid.cells.items() if s == setting and runs), None)
+            counts = partition_counts(first) if first is not None else None
+            if counts is not None:
+                title = f"{setting}, seed {first.config['seed']}"
+                plot_counts(counts, figures / f"partition-{name}.png", title=title)
+                partitions.append(f"![{setting} partition]({link(figures / f'partition-{name}.png')})")
+        atomic_write_text(figures / "cells.csv", cells_csv(grid, last))
+        parts.append("## Accuracy over rounds\n\n" + "\n\n".join(curves) + "\n")
+        if partitions:
+            heading = "## Partitions (train samples per client and class)"
+            parts.append(heading + "\n\n" + "\n".join(partitions) + "\n")
+    return "\n".join(parts)

@@ -1,0 +1,216 @@
+"""The papers' layout of `fedpcd report` (methods x settings, last/best, communication, figures, CSV), the
+sweep's `setting` axis, its results index, failed runs and a sweep killed mid-way."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedpcd.cli import main
+from fedpcd.errors import UserError
+from fedpcd.report import Run
+from fedpcd.report.paper import build_grid, communication_table, partition_name, pivot_table
+from fedpcd.sweep import expand_sweep, run_status
+
+PATHOLOGICAL = {"scheme": "pathological", "classes_per_client": 2}
+DIRICHLET = {"scheme": "dirichlet", "beta": 0.1, "min_size": 10}
+
+
+def test_partition_names():
+    assert partition_name(PATHOLOGICAL, 10) == "P10C2"
+    assert partition_name(DIRICHLET, 100) == "Dir(0.1)"
+    assert partition_name({"scheme": "iid"}, 5) == "IID"
+    assert partition_name({"scheme": "longtail", "rho": 0.01, "then": {"scheme": "iid"}}, 5) == "LT(0.01)+IID"
+
+
+def _run(algorithm, partition, seed, ga, pa, clients=10, bytes_per_round=1000):
+    config = {
+        "seed": seed,
+        "clients": clients,
+        "participation": 1.0,
+        "partition": partition,
+        "algorithm": algorithm,
+        "output_dir": "x",
+    }
+    records = [
+        {"round": r, "global_acc": g, "personal_acc": p, "bytes_up": bytes_per_round, "bytes_down": 0}
+        for r, (g, p) in enumerate(zip(ga, pa, strict=True), start=1)
+    ]
+    return Run(Path("/nonexistent"), config, records, {"rounds": len(ga), "wall_s": 1.0})
+
+
+def _runs():
+    fedavg, fedprox = {"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}
+    return [
+        _run(fedavg, PATHOLOGICAL, 0, [0.2, 0.6, 0.4], [0.9, 0.9, 0.9]),
+        _run(fedavg, PATHOLOGICAL, 1, [0.3, 0.5, 0.5], [0.8, 0.8, 0.8]),
+        _run(fedprox, PATHOLOGICAL, 0, [0.6, 0.7, 0.7], [0.5, 0.5, 0.5]),
+        _run(fedprox, PATHOLOGICAL, 1, [0.1, 0.2, 0.3], [0.6, 0.6, 0.6]),
+        _run(fedavg, DIRICHLET, 0, [0.5, 0.5, 0.5], [0.7, 0.7, 0.7], clients=100, bytes_per_round=2e6),
+        _run(fedprox, DIRICHLET, 0, [0.1, 0.4, 0.6], [0.7, 0.7, 0.7], clients=100, bytes_per_round=2e6),
+    ]
+
+
+def _cells(table, row):
+    line = next(x for x in table.splitlines() if x.startswith(f"| {row} |"))
+    return [c.strip() for c in line.strip("|").split("|")[1:]]
+
+
+def test_grid_names_orders_and_pivots_by_hand():
+    grid = build_grid(_runs())
+    assert grid.methods == ["fedavg", "fedprox mu=0.1"]  # the reference method first
+    assert grid.settings == ["P10C2", "Dir(0.1) K=100"]  # fewer clients first; usual values left out
+    last = pivot_table(grid, "global_acc", "last", last=2)
+    assert last.splitlines()[0] == "| method | P10C2 | Dir(0.1) K=100 |"
+    fedavg_p = [statistics.fmean([0.6, 0.4]), statistics.fmean([0.5, 0.5])]
+    fedprox_p = [statistics.fmean([0.7, 0.7]), statistics.fmean([0.2, 0.3])]
+    expected = f"{100 * statistics.fmean(fedavg_p):.2f} ± {100 * statistics.stdev(fedavg_p):.2f}"
+    assert _cells(last, "fedavg")[0] == f"**{expected}**"  # 50.00 beats fedprox's 47.50
+    assert _cells(last, "fedprox mu=0.1")[0] == (
+        f"{100 * statistics.fmean(fedprox_p):.2f} ± {100 * statistics.stdev(fedprox_p):.2f}"
+    )
+    assert _cells(last, "fedprox mu=0.1")[1] == "**50.00**"  # one seed: no std; ties with fedavg's 50.00
+    assert _cells(last, "fedavg")[1] == "**50.00**"
+    best = pivot_table(grid, "global_acc", "best", last=2)
+    assert _cells(best, "fedavg")[0] == "**55.00 ± 7.07**"  # best rounds 0.6 and 0.5
+    assert _cells(best, "fedprox mu=0.1")[0] == "50.00 ± 28.28"  # 0.7 and 0.3
+    assert _cells(pivot_table(grid, "personal_acc", "last", 2), "fedavg")[0] == "**85.00 ± 7.07**"
+
+
+def test_communication_rounds_and_megabytes_by_hand():
+    table = communication_table(build_grid(_runs()))
+    # P10C2: fedavg's best GA is 0.6 (seed 0) and 0.5 (seed 1); fedprox reaches 0.6 in round 1 (seed 0)
+    # and never reaches 0.5 (seed 1). Dir(0.1): fedavg's best 0.5, fedprox reaches it in round 3.
+    assert _cells(table, "fedavg") == ["2 (0.0 MB)", "1 (2.0 MB)"]
+    assert _cells(table, "fedprox mu=0.1") == ["1 (0.0 MB) [1/2]", "3 (6.0 MB)"]
+
+
+def _sweep(tmp_path, algorithms, settings, rounds=2, seeds=(0,), name="sweep.yaml", out="runs"):
+    spec = {
+        "dataset": {"name": "synthetic"},
+        "model": {"name": "mlp", "hidden": 16},
+        "clients": 4,
+        "rounds": rounds,
+        "output_dir": str(tmp_path / out),
+        "sweep": {"setting": settings, "algorithm": algorithms, "seed": list(seeds)},
+    }
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+SETTINGS = [
+    {"label": "P4C2", "partition": PATHOLOGICAL},
+    {"label": "K6", "clients": 6, "participation": 0.5, "partition": {"scheme": "iid"}},
+]
+
+
+def test_setting_axis_sets_keys_together_and_names_folders(tmp_path):
+    configs = expand_sweep(_sweep(tmp_path, [{"name": "fedavg"}], SETTINGS))
+    assert [Path(c.output_dir).name for c in configs] == ["P4C2_fedavg_seed0", "K6_fedavg_seed0"]
+    assert (configs[0].clients, configs[0].partition.scheme) == (4, "pathological")
+    assert (configs[1].clients, configs[1].participation, configs[1].partition.scheme) == (6, 0.5, "iid")
+    bad = _sweep(tmp_path, [{"name": "fedavg"}], ["P4C2"], name="bad.yaml")
+    with pytest.raises(UserError, match="'setting'.*mapping"):
+        expand_sweep(bad)
+
+
+def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, capsys):
+    path = _sweep(tmp_path, [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}], SETTINGS)
+    assert main(["sweep", "--config", str(path)]) == 0
+    with sqlite3.connect(tmp_path / "runs" / "index.sqlite") as db:
+        rows = db.execute("SELECT algorithm, status, final_ga FROM runs ORDER BY output_dir").fetchall()
+    assert len(rows) == 4 and {r[1] for r in rows} == {"done"} and all(0 <= r[2] <= 1 for r in rows)
+    notes = tmp_path / "notes.md"
+    notes.write_text("Budget: tiny.\n")
+    outputs = []
+    for folder in ("a", "b"):
+        out = str(tmp_path / folder / "board.md")
+        assert (
+            main(["report", str(tmp_path / "runs"), "--out", out, "--title", "Board", "--notes", str(notes)])
+            == 0
+        )
+        files = sorted(p for p in (tmp_path / folder).rglob("*") if p.is_file())
+        outputs.append({p.relative_to(tmp_path / folder): p.read_bytes() for p in files})
+    assert outputs[0] == outputs[1]
+    names = {p.as_posix() for p in outputs[0]}
+    assert names == {
+        "board.md",
+        "board/cells.csv",
+        "board/curves-P4C2.png",
+        "board/curves-IID_K=6_participation=0.5.png",
+        "board/partition-P4C2.png",
+        "board/partition-IID_K=6_participation=0.5.png",
+    }
+    text = outputs[0][Path("board.md")].decode()
+    assert text.startswith("# Board\n\nBudget: tiny.\n\n")
+    assert "| method | P4C2 | IID K=6 participation=0.5 |" in text
+    assert "](board/curves-P4C2.png)" in text and "## All runs" in text
+    assert all(outputs[0][Path(n)][:8] == b"\x89PNG\r\n\x1a\n" for n in names if n.endswith(".png"))
+    cells = list(csv.DictReader(outputs[0][Path("board/cells.csv")].decode().splitlines()))
+    assert [(c["method"], c["setting"]) for c in cells] == [
+        ("fedavg", "P4C2"),
+        ("fedavg", "IID K=6 participation=0.5"),
+        ("fedprox mu=0.1", "P4C2"),
+        ("fedprox mu=0.1", "IID K=6 participation=0.5"),
+    ]
+    assert all(0 <= float(c["global_acc_last_mean"]) <= float(c["global_acc_best_mean"]) for c in cells)
+
+
+def test_sweep_goes_on_after_a_failing_run(tmp_path, monkeypatch, capsys):
+    import fedpcd.sweep as sweep
+
+    real = sweep._run_one
+
+    def flaky(config_data, resume):
+        if "fedprox" in config_data["output_dir"]:
+            raise RuntimeError("boom")
+        return real(config_data, resume)
+
+    monkeypatch.setattr(sweep, "_run_one", flaky)
+    path = _sweep(tmp_path, [{"name": "fedprox"}, {"name": "fedavg"}], SETTINGS[:1])
+    assert main(["sweep", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "FAILED" in err and "boom" in err and "1 of 2 runs failed" in err
+    assert [run_status(c) for c in expand_sweep(path)] == ["new", "done"]
+
+
+def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
+    path = _sweep(tmp_path, [{"name": "fedavg"}, {"name": "fedprox"}], SETTINGS, rounds=6)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedpcd.cli", "sweep", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        first = ""
+        while not first.startswith("done"):
+            first = proc.stdout.readline()
+            assert first or proc.poll() is None, "the sweep ended before finishing a run"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    configs = expand_sweep(path)
+    finished = [c for c in configs if run_status(c) == "done"]
+    assert finished and len(finished) < len(configs)
+    stamps = {c.output_dir: (Path(c.output_dir) / "summary.json").stat().st_mtime_ns for c in finished}
+    time.sleep(0.01)
+    assert main(["sweep", "--config", str(path)]) == 0
+    assert all(run_status(c) == "done" for c in configs)
+    assert {d: (Path(d) / "summary.json").stat().st_mtime_ns for d in stamps} == stamps
+    for c in configs:
+        rounds = [yaml.safe_load(line)["round"] for line in (Path(c.output_dir) / "metrics.jsonl").open()]
+        assert rounds == list(range(1, 7))
