@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Regenerate docs/leaderboard.md: run the leaderboard sweep (resumable: finished runs are skipped, interrupted
+# ones resume), write the report in the papers' layout with its figures under docs/leaderboard/, and archive
+# the runs' small files (configs, partitions, metrics, summaries; no checkpoints) under
+# docs/results/runs/leaderboard-fmnist so the report can be rebuilt anywhere without rerunning.
+#   usage: benchmarks/leaderboard.sh [JOBS]          (about 3 CPU hours for the 231 runs)
+# To continue on another machine, first copy the archive back:
+#   mkdir -p runs/leaderboard && cp -r docs/results/runs/leaderboard-fmnist runs/leaderboard/fmnist
+set -euo pipefail
+jobs=${1:-2}
+fedpcd sweep --config configs/leaderboard/fmnist.yaml --jobs "$jobs" || echo "some runs failed (listed above); the report shows the others" >&2
+fedpcd report runs/leaderboard/fmnist --last 3 --out docs/leaderboard.md \
+  --title "fedpcd leaderboard: Fashion-MNIST under label skew" --notes configs/leaderboard/notes.md > /dev/null
+mkdir -p docs/results/runs/leaderboard-fmnist
+tar -C runs/leaderboard/fmnist --exclude=checkpoint --exclude=index.sqlite -cf - . | tar -C docs/results/runs/leaderboard-fmnist -xf -
+echo "wrote docs/leaderboard.md and docs/leaderboard/; runs archived in docs/results/runs/leaderboard-fmnist"
