@@ -12,7 +12,11 @@ import ipaddress
 import json
 import os
 import random
+import signal
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import uuid4
@@ -456,3 +460,128 @@ def test_deployment_with_tls_on_loopback(flower_tmp_env):
     assert summary["rounds"] == 1 and summary["final"]["global_acc"] is not None
     assert not [p for p in running if procs.alive(p)]
     assert not dep.base.exists()  # the temporary working directory (certificates, homes, logs) is removed
+
+
+# ----- reliability (issue 22): client failures, divergence, Ctrl-C, SIGTERM and SIGKILL ------------------
+
+
+def _fail_client(monkeypatch, client: int, rnd: int, nan: bool = False) -> None:
+    """Client ``client`` raises in round ``rnd`` (or, ``nan``, replies with a NaN train loss)."""
+    original = FedAvg.local_update
+
+    def local_update(self, model, data, payload, state, rng):
+        if data.id == client and self.round == rnd and not nan:
+            raise ValueError("injected failure")
+        reply, state = original(self, model, data, payload, state, rng)
+        if data.id == client and self.round == rnd:
+            reply["train_loss"] = float("nan")
+        return reply, state
+
+    monkeypatch.setattr(FedAvg, "local_update", local_update)
+
+
+def test_a_failing_clientapp_is_left_out_as_in_the_local_backend(
+    tmp_path, monkeypatch, task_identity, capsys
+):
+    _fail_client(monkeypatch, client=2, rnd=2)
+    args = SMALL + ["clients=3", "rounds=3", "seed=1", "engine.executor=sequential"]
+    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    serve(
+        InProcessGrid(_nodes(3)),
+        load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"]),
+    )
+    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert _records(tmp_path / "fl")[1]["left_out"] == [2]
+    assert capsys.readouterr().err.count("warning: round 2: client 2 failed") == 2  # once per backend
+
+
+def test_a_diverging_clientapp_stops_the_flower_run(tmp_path, monkeypatch, task_identity):
+    from fedpcd.errors import DivergenceError
+
+    _fail_client(monkeypatch, client=0, rnd=1, nan=True)
+    cfg = load_config(
+        None, SMALL + ["clients=2", "rounds=2", f"output_dir={tmp_path / 'fl'}", "backend=flower"]
+    )
+    with pytest.raises(DivergenceError, match=r"round 1: algorithm 'fedavg' diverged: client\(s\) 0"):
+        serve(InProcessGrid(_nodes(2)), cfg)
+    assert (tmp_path / "fl" / "metrics.jsonl").read_text() == ""
+
+
+def test_a_set_stop_event_ends_the_serverapp_at_its_next_poll(tmp_path, task_identity):
+    from fedpcd.flower.server_app import Interrupted
+
+    stop = threading.Event()
+    stop.set()
+    cfg = load_config(
+        None, SMALL + ["clients=2", "rounds=2", f"output_dir={tmp_path / 'fl'}", "backend=flower"]
+    )
+    with pytest.raises(Interrupted):
+        serve(InProcessGrid(_nodes(2)), cfg, stop=stop)
+
+
+def _flower_cli(out: Path, env_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "FLWR_HOME": str(env_dir / "flwr-home"), "RAY_TMPDIR": str(env_dir / "ray")}
+    argv = ["run", "--quiet", "backend=flower", *SMALL, "clients=2", "rounds=500", f"output_dir={out}"]
+    with open(env_dir / "stderr.txt", "wb") as log:  # a file, not a pipe nobody drains while it runs
+        return subprocess.Popen(
+            [sys.executable, "-m", "fedpcd.cli", *argv],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,  # a terminal's Ctrl-C would not reach pytest too
+        )
+
+
+def _stderr(env_dir: Path) -> str:
+    return (env_dir / "stderr.txt").read_text(errors="replace")[-2000:]
+
+
+def _run_until_rounds(proc: subprocess.Popen, out: Path, rounds: int, timeout: float) -> set[procs.Proc]:
+    """Wait until ``rounds`` rounds are written; returns every process seen descending from ``proc``."""
+    seen: set[procs.Proc] = set()
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        seen |= procs.descendants(proc.pid)
+        metrics = out / "metrics.jsonl"
+        if metrics.exists() and metrics.read_text().count("\n") >= rounds:
+            return seen | procs.descendants(proc.pid)
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"the Flower run did not reach round {rounds}: {_stderr(out.parent)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_sigterm_stop_a_flower_run_promptly(flower_tmp_env, sig):
+    """Acceptance: Ctrl-C (or SIGTERM) stops a Flower simulation within seconds; Ray's processes are gone,
+    the rounds written so far stay valid (used to hang for > 10 minutes)."""
+    out = flower_tmp_env / "run"
+    proc = _flower_cli(out, flower_tmp_env)
+    seen = _run_until_rounds(proc, out, 2, timeout=240)
+    assert len(seen) >= 3  # Ray ran
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the Flower run did not stop within 60 s of the signal")
+    assert time.monotonic() - t0 < 30
+    assert proc.returncode in (130, 15), _stderr(flower_tmp_env)
+    assert not [p for p in seen if procs.alive(p)]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == list(range(1, len(rows) + 1))
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_flower_run_leaves_no_ray_process_behind(flower_tmp_env):
+    """A SIGKILLed run cannot clean up: its watchdog stops what Ray left (its agents kept listening)."""
+    out = flower_tmp_env / "run"
+    proc = _flower_cli(out, flower_tmp_env)
+    seen = _run_until_rounds(proc, out, 1, timeout=240)
+    proc.kill()
+    proc.wait()
+    end = time.monotonic() + 30
+    while time.monotonic() < end and [p for p in seen if procs.alive(p)]:
+        time.sleep(0.5)
+    assert not [p for p in seen if procs.alive(p)], "processes left after SIGKILL"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from fedpcd.cli import main
@@ -151,6 +152,8 @@ def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, caps
         "board/curves-IID_K=6_participation=0.5.png",
         "board/partition-P4C2.png",
         "board/partition-IID_K=6_participation=0.5.png",
+        "board/classes-P4C2.png",
+        "board/classes-IID_K=6_participation=0.5.png",
     }
     text = outputs[0][Path("board.md")].decode()
     assert text.startswith("# Board\n\nBudget: tiny.\n\n")
@@ -214,3 +217,34 @@ def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):
     for c in configs:
         rounds = [yaml.safe_load(line)["round"] for line in (Path(c.output_dir) / "metrics.jsonl").open()]
         assert rounds == list(range(1, 7))
+
+
+@pytest.mark.parametrize("broken", ["summary.json", "metrics.jsonl", "config.yaml"])
+def test_report_on_a_corrupt_run_file_is_one_line(tmp_path, capsys, broken):
+    path = _sweep(tmp_path, [{"name": "fedavg"}], SETTINGS[:1], rounds=1)
+    assert main(["sweep", "--config", str(path)]) == 0
+    run = Path(expand_sweep(path)[0].output_dir)
+    (run / broken).write_bytes(b"{not json: [\xff")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedpcd: error: cannot read") and broken in err and len(err.splitlines()) == 1
+
+
+def test_global_accuracy_per_class_is_recorded_and_drawn_for_one_run(tmp_path, capsys):
+    from fedpcd.data.datasets import load_dataset
+
+    path = _sweep(tmp_path, [{"name": "fedavg"}], SETTINGS[:1], rounds=2)
+    assert main(["sweep", "--config", str(path)]) == 0
+    run = Path(expand_sweep(path)[0].output_dir)
+    records = [yaml.safe_load(line) for line in (run / "metrics.jsonl").open()]
+    counts = torch.bincount(load_dataset("synthetic", None, 1.0, 0, False).test_y).tolist()
+    for r in records:  # GA is the per-class accuracies weighted by the test set's class sizes
+        per_class = r["global_class_acc"]
+        assert len(per_class) == len(counts)
+        assert sum(a * n for a, n in zip(per_class, counts, strict=True)) / sum(counts) == pytest.approx(
+            r["global_acc"], abs=1e-3
+        )
+    assert main(["report", str(run), "--out", str(tmp_path / "one")]) == 0
+    assert "![accuracy per class](classes.png)" in (tmp_path / "one" / "report.md").read_text()
+    assert (tmp_path / "one" / "classes.png").read_bytes()[:4] == b"\x89PNG"

@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedpcd.errors import UserError
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: lr=inf or a NaN anywhere is a bad value, not a run that diverges later
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class _Open(BaseModel):
     """A section whose extra keys are the named component's own parameters (checked in ``resolve``)."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
 
     def params(self) -> dict[str, Any]:
         """The component's own parameters (everything but the name field)."""
@@ -77,13 +80,32 @@ class LocalConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    executor: Literal["auto", "sequential"] = "auto"
+    # auto: vectorized where it applies (engine/vectorized.py), else sequential
+    executor: Literal["auto", "sequential", "vectorized"] = "auto"
     threads: int | None = Field(None, ge=1)
     checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0 disables them
+    # where tensors live: cpu | cuda | cuda:N | auto (cuda if available, else cpu). Default cpu: results stay
+    # those of the CPU runs on every machine, and not every algorithm is checked on CUDA yet.
+    device: str = "cpu"
+    # client states (personal parts): in memory, or one file per client under <output_dir>/client_states/
+    client_state: Literal["memory", "disk"] = "memory"
+    # a non-finite loss or weight from a client: "stop" the run with an error naming round, client and
+    # algorithm (everything written so far is kept), or "drop" that client's update for the round and go on
+    on_divergence: Literal["stop", "drop"] = "stop"
+    # the fewest clients whose updates a round aggregates; fewer (clients that raised, diverged and were
+    # dropped, or on Flower timed out) stop the run with an error
+    min_clients: int = Field(1, ge=1)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not re.fullmatch(r"cpu|auto|cuda(:[0-9]+)?", value):
+            raise ValueError("valid devices: cpu, cuda, cuda:N (N a device index), auto")
+        return value
 
 
 class Config(_Strict):
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     partition: PartitionConfig = Field(
         default_factory=lambda: PartitionConfig(scheme="pathological", classes_per_client=2)
@@ -141,20 +163,34 @@ def merge_dicts(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML config file; a missing, unreadable, non-UTF-8 or non-mapping one: UserError."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"config file {p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise UserError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"config file {p} is not valid YAML{where}") from None
+    except RecursionError:
+        raise UserError(f"config file {p} is nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"config file {p} must hold a mapping of keys, got {type(data).__name__}")
     return data
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _one_line(exc: ValidationError, model: type[BaseModel]) -> str:
@@ -163,13 +199,20 @@ def _one_line(exc: ValidationError, model: type[BaseModel]) -> str:
     key = ".".join(loc) or "config"
     if err["type"] == "extra_forbidden":
         section: Any = model
-        for part in loc[:-1]:
-            section = section.model_fields[part].annotation
-        valid = ", ".join(section.model_fields)
+        try:
+            for part in loc[:-1]:
+                section = section.model_fields[part].annotation
+            valid = ", ".join(section.model_fields)
+        except (AttributeError, KeyError):
+            return f"unknown config key {key!r}"
         return f"unknown config key {key!r}; valid keys here: {valid}"
     if err["type"] == "literal_error":
         return f"bad value for {key!r}: {err['msg'].lower()}"
-    return f"bad value for {key!r} ({err.get('input')!r}): {err['msg']}"
+    if err["type"] == "invalid_key":
+        return f"bad config key {key!r}: keys must be names (text), e.g. 'seed' or 'local'"
+    if err["type"] == "finite_number":
+        return f"bad value for {key!r} ({_short(err.get('input'))}): must be a finite number"
+    return f"bad value for {key!r} ({_short(err.get('input'))}): {err['msg']}"
 
 
 # Overriding one of these drops the file's other keys of that section (they belong to the old choice).
@@ -248,6 +291,38 @@ def resolve_model_params(config: Config) -> dict[str, Any]:
     return {**{k: v for k, v in defaults[0].items() if k in common}, **m.params()}
 
 
+def _check_finite(section: str, params: Any, prefix: str = "") -> None:
+    """A NaN or infinite number anywhere in a section's parameters is a UserError naming the key."""
+    if isinstance(params, dict):
+        items: Any = params.items()
+    else:
+        items = enumerate(params) if isinstance(params, list) else []
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"bad value for '{section}.{name}' ({value!r}): must be a finite number")
+        _check_finite(section, value, f"{name}.")
+
+
+def _check_algorithm(name: str, params: dict[str, Any]) -> None:
+    """Build the algorithm once, so a hyperparameter of the wrong type or a non-finite one fails now."""
+    from fedpcd.algorithms import build_algorithm
+
+    algorithm = build_algorithm(name, params)
+    values = {f.name: getattr(algorithm, f.name) for f in dataclasses.fields(algorithm)}
+    _check_finite("algorithm", values)
+
+
+def _check_min_clients(config: Config) -> None:
+    per_round = max(1, round(config.participation * config.clients))
+    if config.engine.min_clients > per_round:
+        raise UserError(
+            f"engine.min_clients={config.engine.min_clients} is more than the {per_round} client(s) sampled "
+            f"per round (clients={config.clients}, participation={config.participation}); "
+            "lower engine.min_clients"
+        )
+
+
 def resolve(config: Config) -> Config:
     """Check names and fill the scheme's, model's and algorithm's parameter defaults."""
     from fedpcd.algorithms import ALGORITHMS
@@ -270,6 +345,10 @@ def resolve(config: Config) -> Config:
         config.algorithm.params(),
         dataclass_defaults(algo_cls),
     )
+    _check_finite("partition", partition)
+    _check_finite("model", model)
+    _check_algorithm(config.algorithm.name, algorithm)
+    _check_min_clients(config)
     data = config.to_dict()
     data["partition"] = {"scheme": config.partition.scheme, **partition}
     data["model"] = {"name": config.model.name, "clients": config.model.clients, **model}

@@ -110,11 +110,13 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
 
 
 def run_status(config: Config) -> str:
-    """'done', 'resume' (has a checkpoint), 'new', or 'stuck' (started, no checkpoint to resume from)."""
+    """'done' (summary.json), 'resume' (started: a checkpoint, or only its config.yaml when it was stopped
+    before its first checkpoint, which ``resume_run`` restarts from round 0), 'new', or 'stuck' (run files
+    but no config.yaml: it cannot be resumed)."""
     out = Path(config.output_dir)
     if (out / "summary.json").exists():
         return "done"
-    if (out / "checkpoint" / "state.pt").exists():
+    if (out / "checkpoint" / "state.pt").exists() or (out / "config.yaml").is_file():
         return "resume"
     if (out / "metrics.jsonl").exists():
         return "stuck"

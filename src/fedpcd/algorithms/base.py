@@ -78,8 +78,11 @@ class ClientData:
         return torch.bincount(self.y[self.train_idx], minlength=self.num_classes)
 
     def batches(self, batch_size: int, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
-        """One shuffled pass over the client's samples (last batch may be smaller), augmented if set."""
-        order = self.train_idx[torch.randperm(self.num_samples, generator=generator)]
+        """One shuffled pass over the client's samples (last batch may be smaller), augmented if set.
+
+        The permutation is drawn from ``generator`` (a CPU one: the same batches on every device)."""
+        perm = torch.randperm(self.num_samples, generator=generator).to(self.train_idx.device)
+        order = self.train_idx[perm]
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             xb = self.x[idx]
@@ -161,7 +164,7 @@ def zeros_like_params(model: nn.Module) -> StateDict:
 
 def sq_distance(model: nn.Module, reference: Mapping[str, Tensor]) -> Tensor:
     """sum over parameters of ||w - reference||^2, differentiable in the model's parameters."""
-    total = torch.zeros(())
+    total = torch.zeros((), device=next(model.parameters()).device)
     for name, p in model.named_parameters():
         if p.is_floating_point():
             total = total + (p - reference[name].detach()).pow(2).sum()
@@ -258,7 +261,7 @@ def raw_class_means(
     model.eval()
     embed = model.features if output == "features" else model
     width = model.feature_dim if output == "features" else data.num_classes
-    sums = torch.zeros(data.num_classes, width)
+    sums = torch.zeros(data.num_classes, width, device=data.x.device)
     idx = data.train_idx
     for start in range(0, len(idx), chunk):
         part = idx[start : start + chunk]
@@ -288,7 +291,7 @@ def aggregate_prototypes(
     """
     protos = prototypes.double().clone()
     sums = torch.zeros_like(protos)
-    counts = torch.zeros(protos.shape[0], dtype=torch.float64)
+    counts = torch.zeros(protos.shape[0], dtype=torch.float64, device=protos.device)
     for r in replies:
         if "class_means" not in r:
             continue

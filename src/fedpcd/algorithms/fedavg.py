@@ -14,7 +14,7 @@ on running in one process. Client state holds only what is personal (None for Fe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,6 +27,15 @@ from fedpcd.algorithms.base import ALGORITHMS, ClientData, Context, clone_state,
 Payload = dict[str, Any]
 Reply = dict[str, Any]
 Predictor = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class LocalWork:
+    """What one client's training works on, from ``begin_local`` to ``end_local``: the payload and state the
+    ``loss`` sees (with the client's working tensors, e.g. trainable copies or class scales)."""
+
+    payload: Payload
+    state: Any
 
 
 @ALGORITHMS.register("fedavg")
@@ -66,10 +75,66 @@ class FedAvg:
     def local_update(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
     ) -> tuple[Reply, Any]:
-        """Train from the payload; reply with the new weights, the sample count and the mean train loss."""
+        """Train from the payload; reply with the new weights, the sample count and the mean train loss.
+
+        Three parts: ``begin_local``, the shared ``train`` loop, ``end_local`` (the vectorized executor,
+        engine/vectorized.py, runs the middle part for many clients at once)."""
+        work = self.begin_local(model, data, payload, state, rng)
+        loss = self.train(model, data, work.payload, work.state, rng)
+        return self.end_local(model, data, payload, state, rng, work, loss)
+
+    # ----- the local update in parts, for the vectorized executor (engine/vectorized.py) -----
+    # Per-client working attributes that ``loss`` reads (set by ``begin_local``). Declaring this tuple in a
+    # class's own body opts the class into the vectorized executor: a subclass must declare it again, as it
+    # may change the loss, the loop or the update in ways the executor cannot see.
+    vector_attrs: ClassVar[tuple[str, ...]] = ()
+
+    def begin_local(
+        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    ) -> LocalWork:
+        """Before training: load the payload into ``model`` and return what ``train`` and ``loss`` see.
+
+        Must not draw from ``rng`` (the vectorized executor calls it again after training to re-enter the
+        client's working state)."""
         self.load_payload(model, payload, state)
-        loss = self.train(model, data, payload, state, rng)
-        return {"model": clone_state(model), "num_samples": data.num_samples, "train_loss": loss}, state
+        return LocalWork(payload, state)
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
+    ) -> tuple[Reply, Any]:
+        """After training (``model`` and ``work`` hold the trained tensors): the reply and the new state."""
+        return {"model": clone_state(model), "num_samples": data.num_samples, "train_loss": loss}, work.state
+
+    def vector_loss(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any
+    ) -> Tensor:
+        """``loss`` in a form ``torch.func.vmap`` can trace (no data-dependent Python control flow, no random
+        draws); equal to ``loss`` up to float rounding. The vectorized executor trains with this."""
+        return self.loss(model, batch, payload, state)
+
+    def vectorize_blocker(self) -> str | None:
+        """Why the vectorized executor cannot train this algorithm as configured (None: it can)."""
+        if "vector_attrs" not in type(self).__dict__:
+            return f"{type(self).__name__} is not covered by the vectorized executor"
+        return None
+
+    def personal_extra(self, model: nn.Module, payload: Payload, state: Any) -> dict[str, Any] | None:
+        """The tensors besides the model's weights that the personal predictor reads, so that right after
+        ``personal_predictor(model, payload, state)`` it equals ``x -> personal_logits(model, x, extra)``;
+        None when it has no such form. A predictor that is the model itself needs neither hook."""
+        return None
+
+    def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
+        """The personal predictor's output from the model's weights and ``personal_extra`` (batched
+        personal evaluation, engine/vectorized.py)."""
+        return model(x)
 
     def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
         """Put the received (and any personal) weights into the reusable model object."""
@@ -114,7 +179,7 @@ class FedAvg:
         momentum, decay = (0.0, 0.0) if plain_sgd else (cfg.momentum, cfg.weight_decay)
         opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=decay)
         model.train()
-        total = torch.zeros(())
+        total = torch.zeros((), device=next(model.parameters()).device)
         seen = 0
         for _ in range(cfg.epochs if epochs is None else epochs):
             for batch in data.batches(cfg.batch_size, rng):
@@ -164,3 +229,14 @@ class FedAvg:
         """x -> the personal model's features h, right after ``local_update``."""
         self.personal_predictor(model, payload, state)  # puts any personal weights into ``model``
         return lambda x: model.features(x).flatten(1)
+
+    # ----- extra metrics -----
+    def extra_global_predictors(
+        self, model: nn.Module, server: dict[str, Any]
+    ) -> Iterator[tuple[str, Predictor]]:
+        """Further generic predictors to score on the full test set, as ``(name, predictor)`` pairs; each
+        is reported as ``global_acc_<name>`` in metrics.jsonl next to ``global_acc`` (none for FedAvg).
+
+        A generator: the engine scores each predictor before asking for the next, so each may load its
+        weights into the one reusable ``model`` (e.g. FedDyn's mean of the local models)."""
+        yield from ()

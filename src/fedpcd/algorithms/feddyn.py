@@ -14,11 +14,15 @@ theta^{t-1}), are added to every minibatch gradient (``before_step``, exact; ``t
 cross-entropy), the client keeps its gradient state, the server keeps h. Buffers (BatchNorm statistics)
 are averaged as in FedAvg.
 FedDyn does not reduce to FedAvg as alpha -> 0 (h^t / alpha stays finite and non-zero), so alpha must be > 0.
+
+Metrics: ``global_acc`` scores theta^t; ``global_acc_local_mean`` scores the mean of the round's local models
+(theta^t + h^t / alpha), the official code's headline number ("avg_model"; with full participation it is
+also its "all_model").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -36,7 +40,7 @@ from fedpcd.algorithms.base import (
     weighted_average,
     zeros_like_params,
 )
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
 
 
 @ALGORITHMS.register("feddyn")
@@ -98,3 +102,14 @@ class FedDyn(FedAvg):
                 if name in self._linear
             }
         add_to_grads(model, terms)
+
+    # ----- extra metrics -----
+    def extra_global_predictors(
+        self, model: nn.Module, server: dict[str, Any]
+    ) -> Iterator[tuple[str, Predictor]]:
+        """``local_mean``: the (``weighting``) mean of the round's local models, theta^t + h^t / alpha, which
+        the official code evaluates as its headline accuracy ("avg_model"), reported as
+        ``global_acc_local_mean``; ``global_acc`` scores theta^t, the model the clients start from."""
+        h = server["h"]
+        model.load_state_dict({k: v + h[k] / self.alpha if k in h else v for k, v in server["model"].items()})
+        yield "local_mean", model

@@ -69,7 +69,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +83,7 @@ from fedpcd.algorithms.base import (
     load_backbone,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
 from fedpcd.utils import derive_seed
@@ -268,21 +268,35 @@ class FedGELA(FedAvg):
         return predict
 
     # ----- client -----
-    def local_update(
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
+
+    def begin_local(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Train the backbone (and projection) against the phi-scaled ETF; reply without any head weights."""
+    ) -> LocalWork:
+        """Load the global backbone; the loss sees phi_k, C_k and a working copy of the projection tensors
+        (trainable leaves this round; the payload is not touched)."""
         phi, present = self.local_adaptation(data.label_counts)
         self.load_payload(model, payload, state)
-        # A working copy of the projection tensors: trainable leaves this round, the payload is not touched.
         proj = {
             k: v.detach().clone().requires_grad_(not k.startswith("bn.running"))
             for k, v in payload["proj"].items()
         }
-        work = {**payload, "proj": proj}
-        state = {"phi": phi, "present": present}
-        loss = self.train(model, data, work, state, rng)
-        trained = {k: v.detach().clone() for k, v in proj.items()}
+        return LocalWork({**payload, "proj": proj}, {"phi": phi, "present": present})
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
+    ) -> tuple[Reply, Any]:
+        """Reply with the trained backbone and projection, without any head weights; keep phi, C_k and the
+        trained projection as the client state."""
+        state = work.state
+        trained = {k: v.detach().clone() for k, v in work.payload["proj"].items()}
         if trained:
             state["proj"] = trained
         reply = {
@@ -312,16 +326,23 @@ class FedGELA(FedAvg):
 
     def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
         """Personal model: local backbone + phi-scaled ETF; classes the client lacks get -inf."""
-        etf = payload["etf"]
-        proj = state.get("proj", payload["proj"])
-        phi, present = state["phi"], state["present"]
+        extra = self.personal_extra(model, payload, state)
 
         def predict(x: Tensor) -> Tensor:
             model.eval()
-            z = self.logits(self.embed(model, x, proj), etf, phi)
-            return z.masked_fill(~present.to(z.device), float("-inf"))
+            return self.personal_logits(model, x, extra)
 
         return predict
+
+    def personal_extra(self, model: nn.Module, payload: Payload, state: Any) -> dict[str, Any]:
+        """The ETF, the client's projection tensors, phi_k and C_k."""
+        proj = state.get("proj", payload["proj"])
+        return {"etf": payload["etf"], "proj": proj, "phi": state["phi"], "present": state["present"]}
+
+    def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
+        """s * phi_k,c * m_c^T h_hat, -inf for the classes the client lacks."""
+        z = self.logits(self.embed(model, x, extra["proj"]), extra["etf"], extra["phi"])
+        return z.masked_fill(~extra["present"].to(z.device), float("-inf"))
 
     def global_features(self, model: nn.Module, server: dict[str, Any]) -> Predictor:
         """h_hat of the aggregated backbone (and projection): what the plain ETF classifies."""
@@ -341,6 +362,8 @@ class FedGE(FedGELA):
 
     No local adaptation at all: every class enters the loss and personal inference, so ``softmax`` and ``q``
     have no effect."""
+
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
 
     def local_adaptation(self, label_counts: Tensor) -> tuple[Tensor, Tensor]:
         n = label_counts.numel()

@@ -23,7 +23,7 @@ inf - inf). tau = 0 gives plain cross-entropy with ``denominator=all`` (exactly 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload
 
 
 def calibration_margins(label_counts: Tensor, tau: float, count_floor: float) -> Tensor:
@@ -58,17 +58,21 @@ class FedLC(FedAvg):
     # tau of Delta_c = tau * n_c^{-1/4}. Default 1.0 (no tuned value in the shared specs; the paper tunes it).
     tau: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
     # "all": cross-entropy of the calibrated logits (what peer libraries implement; the default, since the
-    # printed form collapses to chance accuracy); "paper": the printed L_cal (true class out of the denominator).
+    # printed form collapses to chance accuracy); "paper": the printed L_cal (true class out of the
+    # denominator).
     denominator: Literal["paper", "all"] = "all"
     # n_c floor for missing classes (the paper leaves n_c = 0 undefined); see the module docstring.
     count_floor: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0e-8
 
-    def local_update(
+    # the loss reads the client's margins from ``self._margins`` (vectorized executor, engine/vectorized.py)
+    vector_attrs: ClassVar[tuple[str, ...]] = ("_margins",)
+
+    def begin_local(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Set this client's margins Delta (working attribute of one client step), then FedAvg's update."""
+    ) -> LocalWork:
+        """Set this client's margins Delta (working attribute of one client step), then FedAvg's begin."""
         self._margins = calibration_margins(data.label_counts, self.tau, self.count_floor)
-        return super().local_update(model, data, payload, state, rng)
+        return super().begin_local(model, data, payload, state, rng)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
         """L_cal of the model's logits with this client's margins."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 from fedpcd.utils import derive_seed
 
 SUBMITTER_STREAM = 0x464D52  # seed stream of the fixed prototype submitters ("FMR"); rounds use 1..R
@@ -123,6 +123,61 @@ def inter_class_loss(
         return z.sum() * 0.0
     d_pairs = per_class[present] / counts[present, None]
     return d_pairs[pairs[present]].sum() / pairs.sum()
+
+
+def _one_hot(y: Tensor, num_classes: int, dtype: torch.dtype) -> Tensor:
+    """[B, C] float one-hot of ``y`` (vmap-friendly: a comparison, no data-dependent shape)."""
+    return (y[:, None] == torch.arange(num_classes, device=y.device)).to(dtype)
+
+
+def intra_class_loss_masked(
+    z: Tensor, y: Tensor, num_classes: int, impl: Literal["code", "paper"] = "code", eps: float = 1e-8
+) -> Tensor:
+    """:func:`intra_class_loss` without data-dependent control flow (for ``torch.func.vmap``); equal up to
+    float rounding. Class sums are one-hot products; ||G_c||_F^2 = sum_{i,j in c} (zh_i . zh_j)^2 (the
+    Gram trick, [B, B] instead of C x [d, d]). A class with one sample has centred features 0, so it adds
+    nothing (as the loop skips it); only the normalisers count the classes with N_c >= 2."""
+    d = z.shape[1]
+    if impl == "code" and d < 2:
+        return z.sum() * 0.0
+    if impl not in ("code", "paper"):
+        raise ValueError(f"unknown intra impl {impl!r}")
+    onehot = _one_hot(y, num_classes, z.dtype)  # [B, C]
+    n = onehot.sum(dim=0)  # [C]
+    mean = (onehot.T @ z) / n.clamp_min(1.0)[:, None]
+    centred = z - onehot @ mean
+    sq = onehot.T @ centred.pow(2)  # [C, d]
+    var = sq / (n - 1.0).clamp_min(1.0)[:, None] if impl == "code" else sq / n.clamp_min(1.0)[:, None]
+    zh = centred / (onehot @ torch.sqrt(var + eps))
+    same = onehot @ onehot.T  # [B, B]: 1 where the two samples share a class
+    gram_sq = (zh @ zh.T).pow(2) * same  # (zh_i . zh_j)^2 within classes
+    counted = (n >= 2).to(z.dtype)  # [C]
+    frob = onehot.T @ gram_sq.sum(dim=1)  # [C]: ||G_c||_F^2
+    num_counted = counted.sum()
+    if impl == "code":
+        diag = (onehot.T @ zh.pow(2)).pow(2).sum(dim=1)  # [C]: sum_i G_c,ii^2
+        total = ((frob - diag) * counted).sum() / (d * (d - 1))
+        return total / (n * counted).sum().clamp_min(1.0)
+    per_class = frob / (n - 1.0).clamp_min(1.0).pow(2)
+    return (per_class * counted).sum() / num_counted.clamp_min(1.0)
+
+
+def inter_class_loss_masked(
+    z: Tensor, y: Tensor, prototypes: Tensor, negatives: Tensor, eps: float = 1e-12
+) -> Tensor:
+    """:func:`inter_class_loss` without data-dependent control flow (for ``torch.func.vmap``); equal up to
+    float rounding (0 when no pair qualifies)."""
+    num_classes = prototypes.shape[0]
+    g = prototypes.detach().to(z.dtype)
+    dist = torch.sqrt((z[:, None, :] - g[None, :, :]).pow(2).sum(dim=2) + eps)  # [B, C]
+    own = dist.gather(1, y[:, None])
+    onehot = _one_hot(y, num_classes, z.dtype)
+    mask = (onehot @ negatives.to(z.dtype)) > 0  # negatives[y]
+    hinge = torch.relu(own - dist) * mask
+    counts = onehot.sum(dim=0)
+    per_class = onehot.T @ hinge  # [C, C]
+    pairs = (negatives & (counts > 0)[:, None]).to(z.dtype)
+    return (per_class / counts.clamp_min(1.0)[:, None] * pairs).sum() / pairs.sum().clamp_min(1.0)
 
 
 def negative_mask(known: Tensor, local: Tensor | None, mode: Literal["local", "all"]) -> Tensor:
@@ -208,19 +263,44 @@ class FedMR(FedAvg):
         return server
 
     # ----- client -----
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Alg. 1 client: E epochs on Eq. (5), then (if a submitter) the class means of the final model.
+    # the loss reads the client's classes from ``self._local`` (vectorized executor, engine/vectorized.py)
+    vector_attrs: ClassVar[tuple[str, ...]] = ("_local",)
 
-        ``self._local`` and ``self._lite_rng`` are working state of this client step only (like the model).
+    def begin_local(
+        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    ) -> LocalWork:
+        """Alg. 1 client, before its E epochs on Eq. (5).
+
+        ``self._local`` and ``self._lite_rng`` are working state of this client step only (like the model);
+        the loss sees the payload without ``submit`` (only ``end_local`` reads it).
         """
         self._local = data.label_counts > 0
         self._lite_rng = torch.Generator().manual_seed(derive_seed(rng.initial_seed(), LITE_STREAM))
-        reply, state = super().local_update(model, data, payload, state, rng)
+        work = super().begin_local(model, data, payload, state, rng)
+        return LocalWork({k: v for k, v in work.payload.items() if k != "submit"}, work.state)
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
+    ) -> tuple[Reply, Any]:
+        """FedAvg's reply plus, if a submitter, the class means of the final model (Alg. 1)."""
+        reply, state = super().end_local(model, data, payload, state, rng, work, loss)
         if self.uses_prototypes and payload.get("submit", False):
             reply.update(class_means_reply(model, data))
         return reply, state
+
+    def vectorize_blocker(self) -> str | None:
+        """The Lite variant draws samples inside the loss, which vmap cannot reproduce per client."""
+        reason = super().vectorize_blocker()
+        if reason is None and self.uses_prototypes and self.lite_samples is not None:
+            return "FedMR's Lite variant (lite_samples) draws random samples inside the loss"
+        return reason
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
         """Eq. (5): CE + mu1 l_intra + mu2 l_inter (l_inter = 0 while no prototype exists)."""
@@ -239,4 +319,22 @@ class FedMR(FedAvg):
                 zi, yi = z[pick], y[pick]
             neg = negative_mask(payload["known"], self._local, self.inter_negatives)
             total = total + self.mu2 * inter_class_loss(zi, yi, payload["prototypes"], neg)
+        return total
+
+    def vector_loss(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any
+    ) -> Tensor:
+        """Eq. (5) as ``loss``, with the masked (vmap-traceable) forms of l_intra and l_inter."""
+        inter_on = self.uses_prototypes and "prototypes" in payload
+        if self.mu1 == 0.0 and not inter_on:
+            return super().vector_loss(model, batch, payload, state)
+        x, y = batch
+        z = model.features(x)
+        total = F.cross_entropy(model.head(z), y)
+        if self.mu1 > 0.0:
+            intra = intra_class_loss_masked(z, y, self.ctx.num_classes, self.intra_impl, self.intra_eps)
+            total = total + self.mu1 * intra
+        if inter_on:
+            neg = negative_mask(payload["known"], self._local, self.inter_negatives)
+            total = total + self.mu2 * inter_class_loss_masked(z, y, payload["prototypes"], neg)
         return total

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ from fedpcd.algorithms.base import (
     load_backbone,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
 from fedpcd.utils import derive_seed
@@ -262,12 +262,21 @@ class FedNH(FedAvg):
         return self._predictor(model, server["prototypes"], server["scale"])
 
     # ----- client -----
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    # ClientUpdate (Alg. 1 lines 11-15) is FedAvg's local_update: ``load_payload``, E epochs on Eq. (2) with
+    # P frozen, then ``end_local``. The loss reads the working scale ``self._scale`` (vectorized executor).
+    vector_attrs: ClassVar[tuple[str, ...]] = ("_scale",)
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
     ) -> tuple[Reply, Any]:
-        """ClientUpdate (Alg. 1 lines 11-15): E epochs on Eq. (2) with P frozen, then the class means (3)."""
-        self.load_payload(model, payload, state)
-        loss = self.train(model, data, payload, state, rng)
+        """Alg. 1 line 14-15: the body, s and the class means (3) of the trained body."""
         classes, counts, means = class_feature_means(model, data, self.means_augmented, rng)
         reply: Reply = {
             "model": clone_state(model, backbone_keys(model)),
@@ -305,6 +314,14 @@ class FedNH(FedAvg):
     def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
         """Latest local body and s_k with W^t, the prototypes it trained against (spec 2.6), not W^{t+1}."""
         return self._predictor(model, payload["prototypes"], self._scale.detach())
+
+    def personal_extra(self, model: nn.Module, payload: Payload, state: Any) -> dict[str, Any]:
+        """W^t and s_k."""
+        return {"prototypes": payload["prototypes"], "scale": self._scale.detach()}
+
+    def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
+        """Eq. (2)'s cosine logits."""
+        return cosine_logits(model.features(x), extra["prototypes"], extra["scale"])
 
     # ----- helpers -----
     @staticmethod

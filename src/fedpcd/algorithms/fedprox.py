@@ -10,7 +10,7 @@ FedDC) share: parameter names, squared distances, local step counts and aggregat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field
 from torch import Tensor, nn
@@ -29,6 +29,8 @@ class FedProx(FedAvg):
     # Proximal weight mu of Eq. (2). 1e-2: FedMR Table 9's tuned value for FMNIST, CIFAR10 and CIFAR100
     # (specs/fedmr.md section 3; SVHN 1e-3, larger-scale CIFAR 1e-4). The paper tunes mu in {0.001, ..., 1}.
     mu: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.01
+
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
         """Eq. (2): cross-entropy + (mu/2) ||w - w^t||^2 over the parameters (w^t = the payload model)."""

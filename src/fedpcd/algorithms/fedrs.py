@@ -19,7 +19,7 @@ Evaluation (global and personal) uses the plain logits; the server is FedAvg's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload
 
 
 def restricted_logits(h: Tensor, weight: Tensor, bias: Tensor | None, scales: Tensor) -> Tensor:
@@ -49,12 +49,15 @@ class FedRS(FedAvg):
     # range the paper studies (no tuned value in the shared specs).
     alpha: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
 
-    def local_update(
+    # the loss reads the client's alpha_c from ``self._scales`` (vectorized executor, engine/vectorized.py)
+    vector_attrs: ClassVar[tuple[str, ...]] = ("_scales",)
+
+    def begin_local(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Set this client's alpha_c (working attribute of one client step), then FedAvg's local update."""
+    ) -> LocalWork:
+        """Set this client's alpha_c (working attribute of one client step), then FedAvg's begin."""
         self._scales = class_scales(data.label_counts, self.alpha)
-        return super().local_update(model, data, payload, state, rng)
+        return super().begin_local(model, data, payload, state, rng)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
         """Cross-entropy of the restricted logits."""

@@ -20,7 +20,8 @@ fmnist P10C2 with 5 local epochs). ``momentum_aware`` (default) divides by the e
 instead; with momentum 0 both forms are Alg. 1 exactly. ``momentum_aware=false`` is the literal formula.
 
 Gradient clipping: the local loop clips the (corrected) gradient's norm at ``grad_clip`` = 10 unless
-``local.grad_clip`` is set, as the official FedDC code does for its SCAFFOLD and FedDC runs; FedDC inherits it.
+``local.grad_clip`` is set, as the official FedDC code does for its SCAFFOLD and FedDC runs; FedDC inherits
+it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import numbers
 import os
 import pickle
@@ -28,9 +29,11 @@ import torch
 from fedpcd.data.transforms import normalize
 from fedpcd.errors import UserError
 from fedpcd.registry import Registry
+from fedpcd.utils import current_umask
 
 DOWNLOAD_TIMEOUT_S = 10.0
 ENV_VAR = "FEDPCD_DATA"
+SKIP_CHECKSUMS_VAR = "FEDPCD_SKIP_CHECKSUMS"  # set to 1 to use a modified copy of an official file
 
 
 @dataclass(eq=False)
@@ -230,6 +233,7 @@ def _download_file(urls: Sequence[str], target: Path) -> None:
     errors = []
     for url in urls:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+        os.fchmod(fd, 0o666 & ~current_umask())  # a normal file, not mkstemp's 0600
         try:
             with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
                 shutil.copyfileobj(resp, out, length=1 << 20)
@@ -273,6 +277,40 @@ def _download_and_extract(url: str, dest: Path, folder: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Checksums of the official files
+#
+# A file whose shape (or sample count) is that of an official file must also have its content: MD5 below.
+# Files of other shapes (subsets, test fixtures, other data in the same format) are not checked. For IDX
+# files the MD5 is of the uncompressed content, so a re-compressed .gz (Debian's dataset-fashion-mnist)
+# matches too. Sources: the publishers' pages as mirrored by torchvision; the Fashion-MNIST values were
+# checked against /usr/share/datasets/fashion-mnist.
+
+
+def _md5(data: bytes | bytearray | Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    if isinstance(data, Path):
+        with data.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    else:
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def verify_md5(path: Path, data: bytes | bytearray | Path, expected: str) -> None:
+    """UserError naming ``path`` if the MD5 of ``data`` is not ``expected`` ($FEDPCD_SKIP_CHECKSUMS: skip)."""
+    if os.environ.get(SKIP_CHECKSUMS_VAR, "").strip() not in ("", "0"):
+        return
+    got = _md5(data)
+    if got != expected:
+        raise UserError(
+            f"{path} is corrupt: it has the official file's shape but not its content (MD5 {got}, expected "
+            f"{expected}); delete it so that it is downloaded again, or set {SKIP_CHECKSUMS_VAR}=1 to use a "
+            "modified copy"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
 # IDX (MNIST, Fashion-MNIST)
 
 _IDX_FILES = {
@@ -286,6 +324,28 @@ FMNIST_URLS = (
     "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
     "https://github.com/zalandoresearch/fashion-mnist/raw/master/data/fashion/",
 )
+# (dims, MD5 of the uncompressed file) of the official files
+_IDX_DIMS = {
+    "train_x": (60000, 28, 28),
+    "train_y": (60000,),
+    "test_x": (10000, 28, 28),
+    "test_y": (10000,),
+}
+IDX_MD5 = {
+    "fmnist": {
+        "train_x": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+        "train_y": "9018921c3c673c538a1fc5bad174d6f9",
+        "test_x": "8181f5470baa50b63fa0f6fddb340f0a",
+        "test_y": "15d484375f8d13e6eb1aabb0c3f46965",
+    },
+    "mnist": {
+        "train_x": "6bbc9ace898e44ae57da46a324031adb",
+        "train_y": "a25bea736e30d166cdddb491f175f624",
+        "test_x": "2646ac647ad5339dbf082846283269ea",
+        "test_y": "27ae3e4e09519cfbb04c329615203637",
+    },
+}
+
 MNIST_URLS = (
     "https://ossci-datasets.s3.amazonaws.com/mnist/",
     "https://storage.googleapis.com/cvdf-datasets/mnist/",
@@ -318,8 +378,10 @@ def _read_bytes(path: Path) -> bytearray:
         raise UserError(f"cannot read {path}: {exc}; delete it and download again") from None
 
 
-def read_idx(path: Path, ndim: int) -> np.ndarray:
-    """Parse an uint8 IDX file (raw or gzipped) with ``ndim`` dimensions; any inconsistency -> UserError."""
+def read_idx(path: Path, ndim: int, official: tuple[tuple[int, ...], str] | None = None) -> np.ndarray:
+    """Parse an uint8 IDX file (raw or gzipped) with ``ndim`` dimensions; any inconsistency -> UserError.
+
+    ``official``: (dims, MD5) of the official file: a file with those dims must have that content."""
     buf = _read_bytes(path)
     header = 4 + 4 * ndim
     if len(buf) < header:
@@ -337,6 +399,8 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
             f"{path} is truncated or corrupt: header says {'x'.join(map(str, dims))} = {expected} bytes "
             f"of data, file has {len(buf) - header}"
         )
+    if official is not None and dims == official[0]:
+        verify_md5(path, buf, official[1])
     return np.frombuffer(buf, dtype=np.uint8, offset=header).reshape(dims)
 
 
@@ -345,7 +409,9 @@ def _load_idx_dataset(name: str, folder: Path, mean: tuple[float, ...], std: tup
     for key, stem in _IDX_FILES.items():
         path = _idx_path(folder, stem)
         assert path is not None
-        arrays[key] = (read_idx(path, 3 if key.endswith("x") else 1), path)
+        known = IDX_MD5.get(name, {}).get(key)
+        official = (_IDX_DIMS[key], known) if known else None
+        arrays[key] = (read_idx(path, 3 if key.endswith("x") else 1, official), path)
     tensors = {}
     for split in ("train", "test"):
         (x, x_path), (y, y_path) = arrays[f"{split}_x"], arrays[f"{split}_y"]
@@ -407,12 +473,29 @@ CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
 _CIFAR10_DIR = "cifar-10-batches-py"
 _CIFAR100_DIR = "cifar-100-python"
 _CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
+# (images, MD5) of the official batch files
+CIFAR_OFFICIAL = {
+    "cifar10": {
+        "data_batch_1": (10000, "c99cafc152244af753f735de768cd75f"),
+        "data_batch_2": (10000, "d4bba439e000b95fd0a9bffe97cbabec"),
+        "data_batch_3": (10000, "54ebc095f3ab1f0389bbae665268c751"),
+        "data_batch_4": (10000, "634d18415352ddfa80567beed471001a"),
+        "data_batch_5": (10000, "482c414d41f54cd18b22e5b47cb7c3cb"),
+        "test_batch": (10000, "40351d587109b95175f43aff81a1287e"),
+    },
+    "cifar100": {
+        "train": (50000, "16019d7e3df5f24257cddd939b257f8d"),
+        "test": (10000, "f0ef6b0ae62326f3e7ffdfab6717acfc"),
+    },
+}
 
 
-def _read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def _read_cifar_batch(
+    path: Path, label_key: bytes, num_classes: int, official: tuple[int, str] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     try:
-        with path.open("rb") as fh:
-            batch = pickle.load(fh, encoding="bytes")
+        raw = path.read_bytes()
+        batch = pickle.loads(raw, encoding="bytes")
     except Exception as exc:
         raise UserError(f"cannot read CIFAR batch {path}: {type(exc).__name__}: {exc}") from None
     if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
@@ -423,6 +506,8 @@ def _read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[n
         raise UserError(f"{path}: data must be uint8 [N, 3072], got {data.dtype} {data.shape}")
     if labels.shape != (len(data),) or (len(labels) and (labels.min() < 0 or labels.max() >= num_classes)):
         raise UserError(f"{path}: expected {len(data)} labels in 0..{num_classes - 1}")
+    if official is not None and len(data) == official[0]:
+        verify_md5(path, raw, official[1])
     return data.reshape(-1, 3, 32, 32), labels
 
 
@@ -435,8 +520,9 @@ def _cifar_dataset(
     num_classes: int,
     stats: tuple[tuple[float, ...], tuple[float, ...]],
 ) -> Dataset:
-    parts = [_read_cifar_batch(folder / f, label_key, num_classes) for f in train]
-    test_x, test_y = _read_cifar_batch(folder / test, label_key, num_classes)
+    known = CIFAR_OFFICIAL.get(name, {})
+    parts = [_read_cifar_batch(folder / f, label_key, num_classes, known.get(f)) for f in train]
+    test_x, test_y = _read_cifar_batch(folder / test, label_key, num_classes, known.get(test))
     return Dataset(
         name=name,
         train_x=torch.from_numpy(np.concatenate([p[0] for p in parts])),
@@ -502,6 +588,10 @@ def load_cifar100(root: Path | None, download: bool) -> Dataset:
 
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
 _SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
+SVHN_OFFICIAL = {  # (images, MD5) of the official files
+    "train_32x32.mat": (73257, "e26dedcc434d2e4c54c9b2d4a06d8373"),
+    "test_32x32.mat": (26032, "eb5a983be6a315427106f1b164d9cef3"),
+}
 
 
 def _read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -516,6 +606,9 @@ def _read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
     x, y = np.asarray(mat["X"]), np.asarray(mat["y"]).reshape(-1)
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[:3] != (32, 32, 3) or x.shape[3] != len(y):
         raise UserError(f"{path}: X must be uint8 [32, 32, 3, N] with N = len(y), got {x.dtype} {x.shape}")
+    official = SVHN_OFFICIAL.get(path.name)
+    if official is not None and len(y) == official[0]:
+        verify_md5(path, path, official[1])
     y = y.astype(np.int64)
     if len(y) and (y.min() < 1 or y.max() > 10):
         raise UserError(f"{path}: labels must be 1..10 (10 = digit 0), got {int(y.min())}..{int(y.max())}")

@@ -34,4 +34,4 @@ def open_run(run_dir: str | Path) -> tuple[Federation, FedAvg, dict[str, Any]]:
     config = load_config(path / "config.yaml", [f"output_dir={path}"])
     set_threads(config)
     fed = build_federation(config)
-    return fed, fed.new_algorithm(), run.load_checkpoint()
+    return fed, fed.new_algorithm(), run.load_checkpoint(fed.device)

@@ -1,13 +1,15 @@
 """Building a federation from a config, and the two steps every backend shares.
 
 ``build_federation`` loads the dataset once, partitions it and wraps each client as index tensors into the
-shared tensors. ``client_step`` is one client's work in one round (local update, then personal evaluation)
-and ``sample_clients`` the seeded choice of participants: the local simulator and the Flower apps both call
-them, which is why the two backends give the same numbers.
+shared tensors, all on the run's device (``engine.device``). ``client_step`` is one client's work in one
+round (local update, then personal evaluation) and ``sample_clients`` the seeded choice of participants:
+the local simulator and the Flower apps both call them, which is why the two backends give the same numbers.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +21,8 @@ from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, build_
 from fedpcd.config import Config
 from fedpcd.data.datasets import Dataset, load_dataset
 from fedpcd.data.partition import Partition, make_partition
-from fedpcd.engine.metrics import accuracy, personal_metrics, predict, split_metrics
+from fedpcd.engine.metrics import accuracy, per_class_accuracy, personal_metrics, predict, split_metrics
+from fedpcd.errors import UserError
 from fedpcd.models import build_model
 from fedpcd.utils import derive_seed
 
@@ -29,23 +32,27 @@ INIT_STREAM = -1  # seed stream of the initial model (rounds use 1..R)
 @dataclass
 class Federation:
     config: Config
-    dataset: Dataset
+    dataset: Dataset  # CPU tensors, as loaded (the partition and the run directory read these)
     partition: Partition
-    clients: list[ClientData]
+    clients: list[ClientData]  # index tensors into the shared tensors below, all on ``device``
     context: Context
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    test_x: torch.Tensor | None = None  # the normalised test set on ``device`` (GA)
+    test_y: torch.Tensor | None = None
     _models: dict[str, tuple[nn.Module, dict[str, torch.Tensor]]] = field(default_factory=dict, repr=False)
 
     def new_model(self, architecture: str | None = None) -> nn.Module:
         """A model of ``architecture`` (default: client 0's, the server's reference), initialised from the
         run's seed (identical wherever it is built)."""
         torch.manual_seed(derive_seed(self.config.seed, INIT_STREAM))
-        return build_model(
+        model = build_model(
             architecture or self.config.model.architecture(0),
             self.dataset.in_channels,
             self.dataset.num_classes,
             self.dataset.image_size,
             **self.config.model.params(),
         )
+        return model.to(self.device)  # initialised on the CPU: the same weights on every device
 
     def model_for(self, client: int, fresh: bool = False) -> nn.Module:
         """The one reusable model object of ``client``'s architecture; ``fresh``: reset to its seeded initial
@@ -70,8 +77,48 @@ def set_threads(config: Config) -> None:
     torch.set_num_threads(config.engine.threads or 1)
 
 
+def resolve_device(name: str) -> torch.device:
+    """``engine.device`` -> a torch device: cpu, cuda, cuda:N, or auto (cuda if available, else cpu).
+
+    A CUDA device that is not there is a UserError (exit 2), never a silent fall-back to the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"engine.device={name} but no CUDA device is available; choose cpu or auto")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise UserError(
+                f"engine.device={name} but only {count} CUDA device(s) are available; "
+                f"choose cuda:0..cuda:{count - 1}, cpu or auto"
+            )
+    return device
+
+
+def to_device(obj: Any, device: torch.device | str) -> Any:
+    """``obj`` (nested dicts, lists and tuples of tensors and scalars) with every tensor on ``device``.
+
+    Tensors already there are returned as they are (no copy), and so is a dict none of whose leaves moved:
+    in the local simulator this is the identity. Other mappings (e.g. a ClientStateStore) become plain dicts.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, Mapping):
+        moved = {k: to_device(v, device) for k, v in obj.items()}
+        return obj if type(obj) is dict and all(moved[k] is v for k, v in obj.items()) else moved
+    if isinstance(obj, (list, tuple)):
+        items = [to_device(v, device) for v in obj]
+        return obj if all(a is b for a, b in zip(items, obj, strict=True)) else type(obj)(items)
+    return obj
+
+
 def build_federation(config: Config) -> Federation:
-    """Load data, partition it (a pure function of labels, scheme and seed) and wrap the clients."""
+    """Load data, partition it (a pure function of labels, scheme and seed) and wrap the clients.
+
+    The normalised images, labels and every client's index tensors are put on ``engine.device`` once;
+    the Dataset keeps its CPU tensors (partition statistics, the run directory)."""
+    device = resolve_device(config.engine.device)
     ds = load_dataset(
         config.dataset.name,
         config.dataset.root,
@@ -89,16 +136,17 @@ def build_federation(config: Config) -> Federation:
         config.seed,
         num_classes=ds.num_classes,
     )
-    x, test_x = ds.normalized("train"), ds.normalized("test")
+    x, test_x = ds.normalized("train").to(device), ds.normalized("test").to(device)
+    train_y, test_y = ds.train_y.to(device), ds.test_y.to(device)
     clients = [
         ClientData(
             id=k,
             x=x,
-            y=ds.train_y,
-            train_idx=torch.as_tensor(partition.train[k], dtype=torch.long),
+            y=train_y,
+            train_idx=torch.as_tensor(partition.train[k], dtype=torch.long, device=device),
             test_x=test_x,
-            test_y=ds.test_y,
-            local_test_idx=torch.as_tensor(partition.test[k], dtype=torch.long),
+            test_y=test_y,
+            local_test_idx=torch.as_tensor(partition.test[k], dtype=torch.long, device=device),
             num_classes=ds.num_classes,
             augment=ds.augment,
         )
@@ -113,7 +161,7 @@ def build_federation(config: Config) -> Federation:
         heterogeneous=len(config.model.architectures(config.clients)) > 1,
         input_shape=(ds.in_channels, ds.image_size, ds.image_size),
     )
-    return Federation(config, ds, partition, clients, ctx)
+    return Federation(config, ds, partition, clients, ctx, device, test_x, test_y)
 
 
 def sample_clients(num_clients: int, participation: float, seed: int, rnd: int) -> list[int]:
@@ -129,12 +177,22 @@ def global_accuracy(
     algorithm: FedAvg, model: nn.Module, fed: Federation, server: dict[str, Any]
 ) -> float | None:
     """GA: the global predictor on the full test set (None for purely personalised methods)."""
+    return global_evaluation(algorithm, model, fed, server)[0]
+
+
+def global_evaluation(
+    algorithm: FedAvg, model: nn.Module, fed: Federation, server: dict[str, Any]
+) -> tuple[float | None, list[float | None] | None]:
+    """(GA, the global model's accuracy on each class of the test set), (None, None) without a global model;
+    a class without test samples is None."""
     predictor = algorithm.global_predictor(model, server)
-    return (
-        accuracy(predict(predictor, fed.dataset.normalized("test")), fed.dataset.test_y)
-        if predictor
-        else None
-    )
+    if not predictor:
+        return None, None
+    test_x = fed.test_x if fed.test_x is not None else fed.dataset.normalized("test")
+    test_y = fed.test_y if fed.test_y is not None else fed.dataset.test_y
+    pred = predict(predictor, test_x)
+    row = per_class_accuracy(pred, test_y, fed.dataset.num_classes).tolist()
+    return accuracy(pred, test_y), [None if math.isnan(v) else round(v, 4) for v in row]
 
 
 def client_step(
@@ -150,7 +208,12 @@ def client_step(
     full_test: bool = True,
 ) -> tuple[dict[str, Any], Any, dict[str, Any] | None]:
     """One client's round: local update from a (seed, round, client) generator, then personal metrics
-    (on the full test set, or with ``full_test=False`` on the client's local test split only)."""
+    (on the full test set, or with ``full_test=False`` on the client's local test split only).
+
+    Payload and state are moved to the model's device first (a no-op in the local simulator; over Flower
+    they arrive as CPU tensors). The generator is a CPU one on every device: the same batches everywhere."""
+    device = next(model.parameters()).device
+    payload, state = to_device(payload, device), to_device(state, device)
     rng = torch.Generator().manual_seed(derive_seed(seed, rnd, data.id))
     algorithm.round = rnd
     reply, state = algorithm.local_update(model, data, payload, state, rng)

@@ -25,10 +25,22 @@ Predictor = Callable[[Tensor], Tensor]
 
 @torch.no_grad()
 def predict(predictor: Predictor, x: Tensor, batch_size: int = 512) -> Tensor:
-    """Arg-max class of ``predictor`` over ``x``, in batches (eval mode for modules)."""
+    """Arg-max class of ``predictor`` over ``x``, in batches (eval mode for modules; the ConvNet family
+    through its faster, bit-identical forward, engine/vectorized.py ``fast_predictor``)."""
     if isinstance(predictor, torch.nn.Module):
+        from fedpcd.engine.vectorized import fast_predictor
+
         predictor.eval()
+        predictor = fast_predictor(predictor)
     return torch.cat([predictor(x[i : i + batch_size]).argmax(1) for i in range(0, len(x), batch_size)])
+
+
+@torch.no_grad()
+def predict_stacked(logits: Callable[[Tensor], Tensor], x: Tensor, batch_size: int = 512) -> Tensor:
+    """Arg-max classes of M models at once: ``logits(x_chunk)`` is [M, n, C] (e.g. a vmap over stacked
+    personal models, engine/vectorized.py); returns [M, len(x)]. Each row equals :func:`predict` of that
+    model up to ties within float rounding."""
+    return torch.cat([logits(x[i : i + batch_size]).argmax(-1) for i in range(0, len(x), batch_size)], dim=1)
 
 
 def accuracy(pred: Tensor, y: Tensor) -> float:

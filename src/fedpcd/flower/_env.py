@@ -31,6 +31,9 @@ OFFLINE_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
     "RAY_DEDUP_LOGS": "0",
+    # Ray's C++ failure-signal handler turns SIGTERM into an abort that skips every cleanup (Ray's agents
+    # and actors stay behind); without it SIGTERM reaches Python and run_flower shuts Ray down
+    "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
 }
 
 

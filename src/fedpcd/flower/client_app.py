@@ -31,6 +31,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from fedpcd.algorithms import FedAvg  # noqa: E402
 from fedpcd.config import Config  # noqa: E402
 from fedpcd.engine.federation import Federation, build_federation, client_step, set_threads  # noqa: E402
+from fedpcd.engine.guard import first_nonfinite  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import records  # noqa: E402
 from fedpcd.flower.protocol import (  # noqa: E402
@@ -136,8 +137,9 @@ def train(msg: Message, context: Context) -> Message:
         evaluate=bool(task["evaluate"]),
         full_test=rt.config.personal_test == "full",
     )
-    if state is not None:  # as in run_local: a None state does not erase the previous one
-        records.put(context.state, STATE, state)
+    diverged = rt.config.engine.on_divergence == "drop" and first_nonfinite(reply) is not None
+    if state is not None and not diverged:  # as in run_local: a None state does not erase the previous one,
+        records.put(context.state, STATE, state)  # nor does an update the server will drop
     content = records.record_dict(**{REPLY: reply, PERSONAL: metrics})
     content[TASK] = ConfigRecord(
         {

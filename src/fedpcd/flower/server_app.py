@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -42,12 +43,14 @@ from fedpcd.data.stats import partition_json  # noqa: E402
 from fedpcd.engine.federation import (  # noqa: E402
     Federation,
     build_federation,
-    global_accuracy,
+    global_evaluation,
     sample_clients,
     set_threads,
+    to_device,
 )
-from fedpcd.engine.rundir import RunDir, round_record, summary_of  # noqa: E402
-from fedpcd.engine.simulation import is_eval_round  # noqa: E402
+from fedpcd.engine.guard import screen_replies  # noqa: E402
+from fedpcd.engine.rundir import RunDir, checkpoint_state, round_record, summary_of  # noqa: E402
+from fedpcd.engine.simulation import aggregate_round, extra_global_accuracies, is_eval_round  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import records  # noqa: E402
 from fedpcd.flower.protocol import (  # noqa: E402
@@ -64,12 +67,25 @@ LOG = logging.getLogger("flwr")
 POLL_S = 0.1  # how often the server asks for replies (Flower's HTTP grid waits 3 s between pulls)
 
 
-class PollingGrid(Grid):
-    """A Grid that delegates to Flower's and polls for replies every ``interval`` seconds."""
+class Interrupted(Exception):
+    """The run was stopped from outside (Ctrl-C, SIGTERM): the ServerApp ends at its next poll."""
 
-    def __init__(self, grid: Grid, interval: float = POLL_S) -> None:
+
+class PollingGrid(Grid):
+    """A Grid that delegates to Flower's and polls for replies every ``interval`` seconds.
+
+    ``stop``: when set (e.g. by ``run_flower`` on Ctrl-C), the next poll raises :class:`Interrupted`, so
+    the ServerApp never waits for replies that will not come."""
+
+    def __init__(self, grid: Grid, interval: float = POLL_S, stop: threading.Event | None = None) -> None:
         self.grid = grid
         self.interval = interval
+        self.stop = stop
+
+    def check_stop(self) -> None:
+        """Raise :class:`Interrupted` when the run was asked to stop."""
+        if self.stop is not None and self.stop.is_set():
+            raise Interrupted("the run was interrupted")
 
     def set_run(self, run: Any) -> None:
         self.grid.set_run(run)
@@ -107,6 +123,7 @@ class PollingGrid(Grid):
         end = None if timeout is None else time.monotonic() + timeout
         out: list[Message] = []
         while pending and (end is None or time.monotonic() < end):
+            self.check_stop()
             got = list(self.pull_messages(pending))
             out.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
@@ -122,6 +139,8 @@ def discover(grid: Grid, num_clients: int, timeout: float, config: str | None = 
     surface before the first round and round 1 is not charged with loading the dataset."""
     end = time.monotonic() + timeout
     while len(node_ids := list(grid.get_node_ids())) < num_clients:
+        if isinstance(grid, PollingGrid):
+            grid.check_stop()
         if time.monotonic() > end:
             raise UserError(
                 f"only {len(node_ids)} of the {num_clients} SuperNodes the config needs "
@@ -161,7 +180,13 @@ class FedpcdStrategy(Strategy):
     """Any registered algorithm as a Flower Strategy: its server hooks, fedpcd's sampling and bookkeeping."""
 
     def __init__(
-        self, config: Config, fed: Federation, nodes: dict[int, int], run_dir: RunDir, progress: bool = False
+        self,
+        config: Config,
+        fed: Federation,
+        nodes: dict[int, int],
+        run_dir: RunDir,
+        progress: bool = False,
+        round_timeout: float = 3600.0,
     ) -> None:
         self.config = config
         self.fed = fed
@@ -174,6 +199,7 @@ class FedpcdStrategy(Strategy):
         self.records: list[dict[str, Any]] = []
         self.wall = 0.0
         self.clients_keep_state = False
+        self.round_timeout = round_timeout
         self._round: dict[str, Any] = {}
         self.bar = tqdm(
             total=config.rounds,
@@ -217,30 +243,67 @@ class FedpcdStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         info = self._round
         by_client: dict[int, tuple[dict[str, Any], dict[str, Any] | None]] = {}
+        errors: dict[int, BaseException] = {}
+        client_of = {node: k for k, node in self.nodes.items()}
         client_s = 0.0  # the slowest ClientApp's own time (training + personal evaluation)
         for msg in replies:
-            raise_for_error(msg, f"round {server_round}: a client")
+            if msg.has_error():  # the ClientApp raised: left out (engine/guard.py); a UserError stops the run
+                k = client_of.get(msg.metadata.src_node_id, -1)
+                try:
+                    raise_for_error(msg, f"round {server_round}: client {k}")
+                except UserError:
+                    raise
+                except RuntimeError as exc:
+                    errors[k] = exc
+                continue
             task = msg.content[TASK]
             k = int(task["client-id"])
             if self.nodes.get(k) != msg.metadata.src_node_id:
                 raise RuntimeError(f"round {server_round}: reply for client {k} came from an unexpected node")
-            by_client[k] = (records.decode(msg.content, REPLY), records.get(msg.content, PERSONAL))
+            reply = to_device(records.decode(msg.content, REPLY), self.fed.device)  # CPU tensors off the wire
+            by_client[k] = (reply, records.get(msg.content, PERSONAL))
             client_s = max(client_s, float(task.get("client-s", 0.0)))
             self.clients_keep_state |= bool(task.get("has-state", False))
-        missing = [k for k in info["ids"] if k not in by_client]
-        if missing:
-            raise RuntimeError(f"round {server_round}: no reply from client(s) {missing} before the timeout")
         ids = info["ids"]  # sorted: aggregation order = client id order, exactly as in run_local
-        replies_ = [by_client[k][0] for k in ids]
-        evals = [by_client[k][1] for k in ids]
-        up = sum(tensor_bytes(r) for r in replies_)
-        self.server = self.algorithm.aggregate(self.server, replies_)
-        ga = global_accuracy(self.algorithm, self.model, self.fed, self.server) if info["evaluate"] else None
+        for k in ids:
+            if k not in by_client and k not in errors:
+                errors[k] = TimeoutError(f"no reply within the round timeout ({self.round_timeout:g} s)")
+        screened = screen_replies(
+            self.config,
+            server_round,
+            ids,
+            [by_client[k][0] if k in by_client else None for k in ids],
+            [errors.get(k) for k in ids],
+        )
+        kept_ids = [ids[i] for i in screened.kept]
+        replies_ = [by_client[k][0] for k in kept_ids]
+        evals = [by_client[k][1] for k in kept_ids]
+        up = sum(tensor_bytes(by_client[k][0]) for k in ids if k in by_client)
+        self.server = aggregate_round(
+            self.algorithm, self.config, server_round, self.server, replies_, kept_ids
+        )
+        ga, ga_classes, extra = None, None, {}
+        if info["evaluate"]:
+            ga, ga_classes = global_evaluation(self.algorithm, self.model, self.fed, self.server)
+            extra = extra_global_accuracies(self.algorithm, self.fed, self.server)
         round_wall = time.perf_counter() - info["t0"]
         self.wall += round_wall
         metrics = MetricRecord({"round-s": round_wall, "slowest-client-s": client_s})
         if info["evaluate"]:
-            record = round_record(server_round, ga, replies_, evals, ids, up, info["down"], round_wall)
+            record = round_record(
+                server_round,
+                ga,
+                replies_,
+                evals,
+                kept_ids,
+                up,
+                info["down"],
+                round_wall,
+                extra,
+                ga_classes,
+            )
+            if len(kept_ids) < len(ids):
+                record["left_out"] = sorted({*screened.failed, *screened.diverged})
             self.run_dir.append(record)
             self.records.append(record)
             metrics.update(
@@ -267,9 +330,7 @@ class FedpcdStrategy(Strategy):
         if self.clients_keep_state:
             self.run_dir.checkpoint.unlink(missing_ok=True)  # incomplete without the nodes' states
             return
-        self.run_dir.save_checkpoint(
-            {"round": rnd, "server": self.server, "client_states": {}, "wall_s": self.wall}
-        )
+        self.run_dir.save_checkpoint(checkpoint_state(rnd, self.server, {}, self.wall, self.records))
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -306,20 +367,30 @@ def serve(
     progress: bool = False,
     node_timeout: float = 300.0,
     round_timeout: float = 3600.0,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
-    """The whole run on the server side: discovery, the rounds, the run directory; returns the summary."""
+    """The whole run on the server side: discovery, the rounds, the run directory; returns the summary.
+
+    A ClientApp that raises or does not reply within ``round_timeout`` seconds is left out of its round
+    (engine/guard.py); ``stop`` set from another thread ends the run at the next poll (:class:`Interrupted`).
+    The run directory is locked while the run lasts."""
     set_threads(config)
     fed = federation if federation is not None else build_federation(config)
-    fast = PollingGrid(grid)
-    nodes = discover(fast, config.clients, node_timeout, config_text(config))
     run_dir = RunDir(config.output_dir)
-    train_y, test_y = fed.dataset.train_y.numpy(), fed.dataset.test_y.numpy()
-    run_dir.create(config, partition_json(fed.partition, train_y, test_y))
-    strategy = FedpcdStrategy(config, fed, nodes, run_dir, progress=progress)
-    strategy.start(
-        grid=fast, initial_arrays=strategy.server_arrays(), num_rounds=config.rounds, timeout=round_timeout
-    )
-    return strategy.finish()
+    run_dir.check_new()
+    with run_dir.lock():
+        fast = PollingGrid(grid, stop=stop)
+        nodes = discover(fast, config.clients, node_timeout, config_text(config))
+        train_y, test_y = fed.dataset.train_y.numpy(), fed.dataset.test_y.numpy()
+        run_dir.create(config, partition_json(fed.partition, train_y, test_y))
+        strategy = FedpcdStrategy(config, fed, nodes, run_dir, progress=progress, round_timeout=round_timeout)
+        strategy.start(
+            grid=fast,
+            initial_arrays=strategy.server_arrays(),
+            num_rounds=config.rounds,
+            timeout=round_timeout,
+        )
+        return strategy.finish()
 
 
 def _find_file(name: str, grid: Grid) -> Path:
@@ -355,12 +426,13 @@ def make_server_app(
     progress: bool = False,
     result: dict[str, Any] | None = None,
     on_finish: Callable[[], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> ServerApp:
     """A ServerApp running ``config`` (None: read it from ``flwr run``'s run config).
 
     The summary goes to ``result["summary"]`` when a dict is given (in the simulation the ServerApp runs
     in a thread of the caller's process); ``on_finish`` is called after the last round, while the
-    ClientApps are still up."""
+    ClientApps are still up; ``stop`` set ends the run at the ServerApp's next poll."""
     server_app = ServerApp()
 
     @server_app.main()
@@ -374,6 +446,7 @@ def make_server_app(
             progress=progress,
             node_timeout=float(rc.get("node-timeout", 300.0)),
             round_timeout=float(rc.get("round-timeout", 3600.0)),
+            stop=stop,
         )
         if result is not None:
             result["summary"] = summary

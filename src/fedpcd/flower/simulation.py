@@ -4,41 +4,69 @@ The ServerApp runs in a thread of this process and writes the run directory exac
 does; the ClientApps run in Ray actor processes (one CPU each). Ray binds to 127.0.0.1 only, Flower and
 Ray keep their files in a temporary directory that is removed afterwards, and every process the run
 started is checked by pid at the end and stopped if Ray left it behind.
+
+Ctrl-C (SIGINT) or SIGTERM stop the run promptly: the ServerApp stops polling for replies, Ray is shut down
+and its processes are stopped, and the rounds written so far stay in the run directory. A SIGKILL, which no
+process can handle, is covered by a watchdog process (:mod:`fedpcd.flower.watchdog`) that stops what Ray
+left behind once the run's process is gone.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 import warnings
 from typing import Any
 
 from fedpcd.config import Config
 from fedpcd.errors import UserError
-from fedpcd.flower import _env, procs
+from fedpcd.flower import _env, procs, watchdog
 
 
 def _check_output_dir(config: Config) -> None:
     """Refuse an output_dir that holds a run before spending ~20 s on starting Ray (as RunDir.create)."""
-    from pathlib import Path
+    from fedpcd.engine.rundir import RunDir
 
-    path = Path(config.output_dir)
-    if (path / "metrics.jsonl").exists() or (path / "summary.json").exists():
+    RunDir(config.output_dir).check_new()
+
+
+def client_gpus(config: Config, num_cpus: int | None = None) -> tuple[int, float]:
+    """(GPUs given to Ray, GPU share of one ClientApp) for ``engine.device``: (0, 0) on the CPU.
+
+    On CUDA the ClientApps that run at once (``num_cpus // threads``) share all visible GPUs evenly; Ray
+    makes each actor's share visible as ``cuda`` (so ``cuda:N`` is refused: select the GPU with
+    ``CUDA_VISIBLE_DEVICES=N`` and ``engine.device=cuda``)."""
+    import torch
+
+    from fedpcd.engine.federation import resolve_device
+
+    device = resolve_device(config.engine.device)
+    if device.type != "cuda":
+        return 0, 0.0
+    if device.index is not None:
         raise UserError(
-            f"output_dir {path} already holds a run; use 'fedpcd run --resume {path}' "
-            "or set output_dir to a new folder"
+            f"engine.device={config.engine.device} is not supported by backend flower's simulation; "
+            f"set CUDA_VISIBLE_DEVICES={device.index} and engine.device=cuda"
         )
+    gpus = torch.cuda.device_count()
+    at_once = max(1, (num_cpus or os.cpu_count() or 1) // (config.engine.threads or 1))
+    return gpus, min(1.0, gpus / at_once)
 
 
 def ray_backend_config(config: Config, verbose: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
     """Flower's backend_config: one CPU per ClientApp, Ray on 127.0.0.1, no dashboard, quiet actors.
 
-    Ray runs ``num_cpus // threads`` ClientApps at a time (default: all of the machine's cores)."""
+    Ray runs ``num_cpus // threads`` ClientApps at a time (default: all of the machine's cores); on CUDA
+    (``engine.device``) they share the GPUs (:func:`client_gpus`)."""
+    gpus, per_client = client_gpus(config, num_cpus)
     config_ = {
-        "client_resources": {"num_cpus": config.engine.threads or 1, "num_gpus": 0.0},
+        "client_resources": {"num_cpus": config.engine.threads or 1, "num_gpus": per_client},
         "init_args": {
             "_node_ip_address": _env.LOOPBACK,
             "include_dashboard": False,
-            "num_gpus": 0,
+            "num_gpus": gpus,
             "logging_level": "INFO" if verbose else "ERROR",
             "log_to_driver": verbose,
         },
@@ -61,14 +89,25 @@ def run_flower(
     _env.require_ray()
     _env.set_offline_defaults()
     from fedpcd.engine.federation import build_federation, set_threads
+    from fedpcd.engine.rundir import RunDir
 
     _check_output_dir(config)
     set_threads(config)
     fed = build_federation(config)  # data and partition problems surface here, before Ray starts
-    before = procs.descendants(os.getpid())
-    started: set[procs.Proc] = set()
+    with RunDir(config.output_dir).lock():
+        return _run_simulation(config, fed, progress, verbose, num_cpus)
+
+
+def _run_simulation(
+    config: Config, fed: Any, progress: bool, verbose: bool, num_cpus: int | None
+) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    with _env.flower_home(), _env.quiet_flower(verbose), warnings.catch_warnings():
+    stop = threading.Event()  # set on the way out: the ServerApp thread stops polling at once
+    threads_before = set(threading.enumerate())
+    main_thread = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None  # ray.init replaces it
+    with _env.flower_home() as base, _env.quiet_flower(verbose), warnings.catch_warnings():
+        started: set[procs.Proc] = set()
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         from flwr.simulation import run_simulation
@@ -80,8 +119,12 @@ def run_flower(
             started.update(procs.descendants(os.getpid()) - before)
 
         server_app = make_server_app(
-            config, federation=fed, progress=progress, result=result, on_finish=snapshot
+            config, federation=fed, progress=progress, result=result, on_finish=snapshot, stop=stop
         )
+        guard = watchdog.start(base)  # stops what Ray leaves behind should this process be SIGKILLed
+        before = procs.descendants(os.getpid())  # the watchdog included: it is not Ray's
+        sampler = threading.Thread(target=_sample, args=(started, before, stop), daemon=True)
+        sampler.start()  # Ray's processes while they are ours: some are re-parented before the end
         try:
             run_simulation(
                 server_app=server_app,
@@ -90,10 +133,19 @@ def run_flower(
                 backend_name="ray",
                 backend_config=ray_backend_config(config, verbose, num_cpus),
             )
-        finally:
+        finally:  # also on Ctrl-C (KeyboardInterrupt) and SIGTERM (Ray's handler raises SystemExit)
+            stop.set()
+            _join_new_threads(threads_before, timeout=10.0)
+            sampler.join()
             started.update(procs.descendants(os.getpid()) - before)
             _shutdown_ray()
+            # ... and any process left with this run's RAY_TMPDIR in its environment (not the watchdog)
+            ours = (guard.pid, os.getpid())
+            started.update(p for p in watchdog.with_env_mark(str(base)) if p[0] not in ours)
             leftover = procs.stop(p for p in started if procs.alive(p))
+            watchdog.release(guard)
+            if sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
     if leftover:  # pragma: no cover - depends on the OS
         raise RuntimeError(f"could not stop processes {sorted(p for p, _ in leftover)} left by Ray")
     if "summary" not in result:
@@ -102,6 +154,20 @@ def run_flower(
             "(run_flower(..., verbose=True) shows Flower's log)"
         )
     return result["summary"]
+
+
+def _sample(into: set[procs.Proc], before: set[procs.Proc], stop: threading.Event) -> None:
+    """Add this process's new descendants to ``into`` every second until ``stop`` is set."""
+    while not stop.wait(1.0):
+        into.update(procs.descendants(os.getpid()) - before)
+
+
+def _join_new_threads(before: set[threading.Thread], timeout: float) -> None:
+    """Wait (up to ``timeout`` s in all) for the threads started since ``before`` (the ServerApp's)."""
+    end = time.monotonic() + timeout
+    for thread in set(threading.enumerate()) - before:
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, end - time.monotonic()))
 
 
 def _shutdown_ray() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,13 +75,27 @@ def load_runs(root: str | Path) -> list[Run]:
     runs = []
     for summary_path in sorted(root.rglob("summary.json")):
         folder = summary_path.parent
-        config = current_form(yaml.safe_load((folder / "config.yaml").read_text()))
-        lines = (folder / "metrics.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
-        runs.append(Run(folder, config, records, json.loads(summary_path.read_text())))
+        config = _read(folder / "config.yaml", yaml.safe_load)
+        records = _read(folder / "metrics.jsonl", _json_lines)
+        summary = _read(summary_path, json.loads)
+        if not isinstance(config, dict) or not isinstance(summary, dict):
+            raise UserError(f"{folder} is not a fedpcd run directory (config.yaml or summary.json malformed)")
+        runs.append(Run(folder, current_form(config), records, summary))
     if not runs:
         raise UserError(f"no finished runs (folders with summary.json) below {root}")
     return runs
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _read(path: Path, parse: Callable[[str], Any]) -> Any:
+    """A run file parsed by ``parse``; a missing or corrupt file is a UserError naming it."""
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise UserError(f"cannot read {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
 
 
 def last_values(records: list[dict[str, Any]], key: str, last: int) -> list[float]:
@@ -374,6 +388,12 @@ def write_report(
         text = intro + paper + f"\n## All runs\n\n{table}\n"
     else:
         text = intro + table + "\n"
+        if len(runs) == 1 and figures is not None:
+            from fedpcd.report.paper import run_class_heatmap
+
+            if run_class_heatmap(runs[0], figures / "classes.png"):
+                rel = (figures / "classes.png").relative_to(markdown.parent).as_posix()
+                text += f"\n![accuracy per class]({rel})\n"
     if notes is not None:
         try:
             text = Path(notes).read_text().strip() + "\n\n" + text

@@ -326,11 +326,13 @@ def paper_sections(
             f"{comm}\n"
         )
     if figures is not None:
-        curves, partitions = [], []
+        curves, partitions, classes = [], [], []
         for setting in grid.settings:
             name = slug(setting)
             plot_setting_curves(grid, setting, figures / f"curves-{name}.png")
             curves.append(f"![{setting}]({link(figures / f'curves-{name}.png')})")
+            if setting_class_heatmap(grid, setting, figures / f"classes-{name}.png"):
+                classes.append(f"![{setting} per class]({link(figures / f'classes-{name}.png')})")
             first = next((runs[0] for (m, s), runs in grid.cells.items() if s == setting and runs), None)
             counts = partition_counts(first) if first is not None else None
             if counts is not None:
@@ -339,7 +341,74 @@ def paper_sections(
                 partitions.append(f"![{setting} partition]({link(figures / f'partition-{name}.png')})")
         atomic_write_text(figures / "cells.csv", cells_csv(grid, last))
         parts.append("## Accuracy over rounds\n\n" + "\n\n".join(curves) + "\n")
+        if classes:
+            parts.append("## Global model accuracy per class\n\n" + "\n\n".join(classes) + "\n")
         if partitions:
             heading = "## Partitions (train samples per client and class)"
             parts.append(heading + "\n\n" + "\n".join(partitions) + "\n")
     return "\n".join(parts)
+
+
+def last_class_accuracy(run: Run, key: str) -> list | None:
+    """``key`` (``global_class_acc`` or ``client_class_acc``) of the run's last evaluated round having it."""
+    return next((r[key] for r in reversed(run.records) if r.get(key) is not None), None)
+
+
+def plot_heatmap(rows: list[str], matrix: list[list[float | None]], path: str | Path, title: str) -> None:
+    """A rows x classes accuracy heatmap in % (blank where there is no value), values printed when small."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    data = np.array([[np.nan if v is None else 100 * v for v in row] for row in matrix], dtype=float)
+    num_rows, num_classes = data.shape
+    size = (min(3.5 + 0.5 * num_classes, 16), min(max(2.4, 1.5 + 0.3 * num_rows), 14))
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100)
+    ax.set_yticks(range(num_rows), rows, fontsize=8)
+    ax.set_xlabel("class")
+    ax.set_title(title, fontsize=10)
+    if num_classes <= 30:
+        ax.set_xticks(range(num_classes))
+    if num_rows * num_classes <= 800:
+        for i in range(num_rows):
+            for c in range(num_classes):
+                if not np.isnan(data[i, c]):
+                    colour = "black" if data[i, c] > 60 else "white"
+                    ax.text(c, i, f"{data[i, c]:.0f}", ha="center", va="center", fontsize=6, color=colour)
+    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100, metadata={"Software": None}), "wb")
+
+
+def setting_class_heatmap(grid: Grid, setting: str, path: str | Path) -> bool:
+    """Methods x classes: the global model's accuracy on each class of the test set at each run's last
+    evaluated round, mean over seeds (which classes each method loses under this skew). False: no data."""
+    import numpy as np
+
+    rows, matrix = [], []
+    for method in grid.methods:
+        per_seed = [
+            v for v in (last_class_accuracy(r, "global_class_acc") for r in grid.runs(method, setting)) if v
+        ]
+        if per_seed:
+            values = np.array([[np.nan if x is None else x for x in v] for v in per_seed], dtype=float)
+            rows.append(method)
+            matrix.append([None if np.isnan(x) else float(x) for x in np.nanmean(values, axis=0)])
+    if not rows:
+        return False
+    plot_heatmap(rows, matrix, path, f"{setting}: global model, accuracy per class (last evaluated round)")
+    return True
+
+
+def run_class_heatmap(run: Run, path: str | Path) -> bool:
+    """One run: the global model's accuracy on each class (columns) at each evaluated round (rows), how
+    classes are learnt and forgotten under label skew. False when the run recorded none (no global model, or
+    a run written before ``global_class_acc`` existed)."""
+    rows = [r for r in run.records if r.get("global_class_acc") is not None]
+    if not rows:
+        return False
+    title = f"{run.path.name}: global model, accuracy per class and round"
+    plot_heatmap([f"round {r['round']}" for r in rows], [r["global_class_acc"] for r in rows], path, title)
+    return True

@@ -1,0 +1,407 @@
+"""Training throughput of the executors against a plain PyTorch loop (issue 21, item 2).
+
+In one process, with one torch thread (``--threads``), for each setting (model, clients, clients per round):
+
+- plain: a hand-written loop training the same model class on the same samples (the union of the round's
+  participants' samples, one shuffled pass, the same batch size and SGD settings): the reference;
+- sequential / vectorized: one FedAvg round through the engine's executor seam,
+  ``fedpcd.engine.executor.train_clients`` with ``engine.executor`` set in the config, plus ``aggregate``
+  (no evaluation). ``vectorized`` is "n/a" while the config rejects it or ``fedpcd.engine.vectorized`` is
+  missing.
+
+The three run alternately, ``--repeats`` times after one untimed warm-up pass (on at most 10 of the
+participants); each throughput is samples trained / median seconds, and the ratios are to the plain loop
+*of the same run* (absolute numbers on a shared machine are noise). Peak RSS is the process's
+(``ru_maxrss``, so far) after the setting; with full participation it includes every participant's reply
+(FedAvg's aggregate takes the list: 100 resnet18 replies are ~4.5 GB).
+An end-to-end line adds personal evaluation every round (``train_clients(..., evaluate=True)``) and the
+global accuracy, against the same plain loop (training only).
+
+Settings: simplecnn on fmnist (``--samples`` per client, default 320 = 5 batches of 64, 3 repeats) and
+resnet18 on synthetic 3x32x32 data (default 4 samples per client in one batch, 1 repeat: resnet18 trains
+~10-15 samples/s on one loaded CPU thread);
+clients 10, 50, 100, all of them or 10 per round; iid partition, every client trimmed to exactly
+``samples`` so that federated and plain batches are the same. Targets (ratios to the plain loop):
+sequential >= 0.9; vectorized >= 1.8 with 10 simplecnn clients per round, >= 3 with 50 or more;
+end-to-end >= 1.4 (vectorized; once batched personal evaluation lands): FedAvg, simplecnn, fmnist,
+10 clients x 1200 samples, personal evaluation (``--e2e-test``, default ``split``) and GA every round.
+The full benchmark takes ~6-8 minutes on a loaded 2-core machine; ``--quick`` a few seconds.
+
+    python benchmarks/speed.py [--quick] [--models simplecnn resnet18] [--clients 10 50 100] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedpcd.config import Config, load_config
+from fedpcd.data.datasets import DATASETS, Dataset
+from fedpcd.engine.executor import train_clients
+from fedpcd.engine.federation import Federation, build_federation, global_accuracy, sample_clients
+from fedpcd.errors import UserError
+
+EXECUTORS = ("sequential", "vectorized")
+TARGET_SEQ = 0.9
+TARGET_VEC_10 = 1.8
+TARGET_VEC_50 = 3.0
+TARGET_E2E = 1.4
+
+
+# ----- data ---------------------------------------------------------------------------------------------
+
+
+def _synthetic32(root: Any = None, download: bool = True) -> Dataset:
+    """10 classes of 3x32x32 images: a fixed random 8x8x3 pattern per class, upscaled 4x, plus noise."""
+    rng = np.random.default_rng(321)
+    templates = np.kron(rng.random((10, 3, 8, 8)) < 0.5, np.ones((1, 1, 4, 4), dtype=bool))
+
+    def split(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = rng.permutation(np.repeat(np.arange(10), n // 10))
+        x = np.where(templates[y], 170.0, 70.0) + rng.normal(0.0, 40.0, size=(len(y), 3, 32, 32))
+        return torch.from_numpy(np.clip(x, 0, 255).astype(np.uint8)), torch.from_numpy(y.astype(np.int64))
+
+    (train_x, train_y), (test_x, test_y) = split(2000), split(500)
+    return Dataset("synthetic32", train_x, train_y, test_x, test_y, 10, (0.47,) * 3, (0.25,) * 3)
+
+
+def register_synthetic32() -> None:
+    """Make ``dataset.name=synthetic32`` known in this process (benchmark-only data, no files)."""
+    if "synthetic32" not in DATASETS:
+        DATASETS.register("synthetic32")(_synthetic32)
+
+
+# ----- settings -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table: ``per_round`` participants out of ``clients`` (None: all of them)."""
+
+    model: str
+    dataset: str
+    clients: int
+    per_round: int | None
+    samples: int  # per client
+    batch_size: int
+    dataset_size: int  # training samples available (to size train_fraction)
+    repeats: int = 3
+
+    @property
+    def participants(self) -> int:
+        return self.clients if self.per_round is None else min(self.per_round, self.clients)
+
+    def label(self) -> str:
+        return f"{self.model}/{self.dataset}"
+
+
+MODEL_DEFAULTS = {  # model -> (dataset, samples per client, batch size, training set size, repeats)
+    "simplecnn": ("fmnist", 320, 64, 60000, 3),
+    "resnet18": ("synthetic32", 4, 4, 2000, 1),  # ~10-15 samples/s on one loaded CPU thread
+}
+QUICK_DEFAULTS = {
+    "simplecnn": ("synthetic16", 20, 10, 1000, 1),
+    "resnet18": ("synthetic16", 2, 2, 1000, 1),  # 1x16x16: a smoke test, not a measurement
+}
+WARMUP_CLIENTS = 10  # the untimed first pass trains at most this many of the round's participants
+
+
+def settings_for(
+    models: Sequence[str],
+    clients: Sequence[int],
+    per_round: Sequence[int | None],
+    quick: bool,
+    samples: int | None,
+    repeats: int | None,
+) -> list[Setting]:
+    """The table's settings; a partial-participation row is left out where it equals full participation."""
+    table = QUICK_DEFAULTS if quick else MODEL_DEFAULTS
+    out = []
+    for model in models:
+        dataset, n, batch, size, reps = table[model]
+        n = samples or n
+        for k in clients:
+            for m in per_round:
+                if m is not None and (m >= k or (quick and model == "resnet18")):
+                    continue  # equals full participation; quick: resnet18 once only
+                if k * n > size:
+                    raise SystemExit(f"{model}: {k} clients x {n} samples exceed the {size} training samples")
+                out.append(Setting(model, dataset, k, m, n, min(batch, n), size, repeats or reps))
+    return out
+
+
+def config_for(setting: Setting, executor: str, **extra: Any) -> Config | None:
+    """The FedAvg config of a setting driven by ``executor`` (None when the config rejects it)."""
+    fraction = min(1.0, setting.clients * setting.samples * 1.05 / setting.dataset_size + 0.001)
+    overrides = [
+        f"dataset.name={setting.dataset}",
+        f"dataset.train_fraction={fraction:.6f}",
+        f"model.name={setting.model}",
+        "partition.scheme=iid",
+        f"clients={setting.clients}",
+        f"participation={setting.participants / setting.clients}",
+        f"local.batch_size={setting.batch_size}",
+        "local.epochs=1",
+        "algorithm.name=fedavg",
+        f"engine.executor={executor}",
+        "output_dir=/dev/null",
+        *[f"{k}={v}" for k, v in extra.items()],
+    ]
+    try:
+        return load_config(None, overrides)
+    except UserError:
+        return None
+
+
+def vectorized_available() -> bool:
+    """Whether the vectorised executor exists (until it does, the engine would run the sequential one)."""
+    return importlib.util.find_spec("fedpcd.engine.vectorized") is not None
+
+
+# ----- measurement --------------------------------------------------------------------------------------
+
+
+class FederatedRunner:
+    """One executor's FedAvg federation over a shared set of clients: times one round."""
+
+    def __init__(self, fed: Federation) -> None:
+        self.fed = fed
+        self.algorithm = fed.new_algorithm()
+        self.server = self.algorithm.init_server(fed.model_for(0, fresh=True))
+        self.states: dict[int, Any] = {}
+
+    def round(self, rnd: int, ids: list[int], evaluate: bool = False) -> float:
+        t0 = time.perf_counter()
+        results = train_clients(self.algorithm, self.fed, self.server, ids, self.states, rnd, evaluate)
+        self.server = self.algorithm.aggregate(self.server, [r.reply for r in results])
+        if evaluate:
+            global_accuracy(self.algorithm, self.fed.model_for(0), self.fed, self.server)
+        return time.perf_counter() - t0
+
+
+class PlainLoop:
+    """The reference: the same model class trained by a hand-written loop on in-memory tensors."""
+
+    def __init__(self, fed: Federation) -> None:
+        self.fed = fed
+        self.model = fed.new_model()
+        self.x, self.y = fed.clients[0].x, fed.clients[0].y
+
+    def round(self, rnd: int, ids: list[int]) -> float:
+        cfg = self.fed.config.local
+        t0 = time.perf_counter()
+        idx = torch.cat([self.fed.clients[k].train_idx for k in ids])
+        opt = torch.optim.SGD(
+            self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+        self.model.train()
+        g = torch.Generator().manual_seed(rnd)
+        order = idx[torch.randperm(len(idx), generator=g).to(idx.device)]
+        for start in range(0, len(order), cfg.batch_size):
+            b = order[start : start + cfg.batch_size]
+            loss = F.cross_entropy(self.model(self.x[b]), self.y[b])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return time.perf_counter() - t0
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, MB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build(setting: Setting, **extra: Any) -> tuple[Federation, dict[str, Federation | None]]:
+    """The sequential federation (clients trimmed to exactly ``samples``) and one per executor sharing it."""
+    base = config_for(setting, "sequential", **extra)
+    assert base is not None
+    fed = build_federation(base)
+    for client in fed.clients:
+        if client.num_samples < setting.samples:
+            raise SystemExit(f"client {client.id} has {client.num_samples} < {setting.samples} samples")
+        client.train_idx = client.train_idx[: setting.samples]
+    feds: dict[str, Federation | None] = {"sequential": fed}
+    vec = config_for(setting, "vectorized", **extra) if vectorized_available() else None
+    feds["vectorized"] = dataclasses.replace(fed, config=vec, _models={}) if vec is not None else None
+    return fed, feds
+
+
+def measure(setting: Setting, evaluate: bool = False, **extra: Any) -> dict[str, Any]:
+    """Samples/s of plain, sequential and vectorized for one setting (median over its ``repeats``)."""
+    fed, feds = build(setting, **extra)
+    plain = PlainLoop(fed)
+    runners = {name: FederatedRunner(f) for name, f in feds.items() if f is not None}
+    times: dict[str, list[float]] = {"plain": [], **{name: [] for name in runners}}
+    samples = setting.participants * setting.samples
+    for rep in range(setting.repeats + 1):  # pass 0 warms every path up and is not counted
+        rnd = rep + 1
+        ids = sample_clients(setting.clients, setting.participants / setting.clients, fed.config.seed, rnd)
+        assert len(ids) == setting.participants
+        if rep == 0:
+            ids = ids[:WARMUP_CLIENTS]
+        t = {"plain": plain.round(rnd, ids)}
+        for name, runner in runners.items():
+            t[name] = runner.round(rnd, ids, evaluate)
+        if rep:
+            for name, value in t.items():
+                times[name].append(value)
+    sps = {name: samples / statistics.median(v) for name, v in times.items()}
+    row: dict[str, Any] = {
+        "model": setting.model,
+        "dataset": setting.dataset,
+        "clients": setting.clients,
+        "per_round": setting.participants,
+        "samples_per_client": setting.samples,
+        "batch_size": setting.batch_size,
+        "samples_per_round": samples,
+        "evaluate": evaluate,
+        "plain_sps": sps["plain"],
+    }
+    for name in EXECUTORS:
+        row[f"{name}_sps"] = sps.get(name)
+        row[f"{name}_ratio"] = sps[name] / sps["plain"] if name in sps else None
+    row["peak_rss_mb"] = peak_rss_mb()
+    return row
+
+
+# ----- targets and output -------------------------------------------------------------------------------
+
+
+def targets_of(row: dict[str, Any]) -> list[tuple[str, str, float]]:
+    """(name, ratio key, minimum) of the targets that apply to a row."""
+    if row.get("e2e"):
+        return [("end-to-end (best executor)", "best_ratio", TARGET_E2E)]
+    out = [("sequential", "sequential_ratio", TARGET_SEQ)]
+    if row["model"] == "simplecnn":
+        if row["per_round"] >= 50:
+            out.append(("vectorized", "vectorized_ratio", TARGET_VEC_50))
+        elif row["per_round"] >= 10:
+            out.append(("vectorized", "vectorized_ratio", TARGET_VEC_10))
+    return out
+
+
+def check(rows: Sequence[dict[str, Any]]) -> tuple[bool, list[str]]:
+    """Whether every target is met (n/a counts as not met), and one line per miss."""
+    misses = []
+    for row in rows:
+        for name, key, minimum in targets_of(row):
+            value = row.get(key)
+            if value is None or value < minimum:
+                got = "n/a" if value is None else f"{value:.2f}x"
+                where = (
+                    "end-to-end" if row.get("e2e") else f"{row['model']} {row['per_round']}/{row['clients']}"
+                )
+                misses.append(f"{where}: {name} {got} < {minimum}x")
+    return not misses, misses
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+HEADER = (
+    f"{'model/data':30s} {'clients':>7s} {'/round':>6s} {'samples':>7s} {'plain/s':>8s} {'seq/s':>8s} "
+    f"{'vec/s':>8s} {'seq x':>6s} {'vec x':>6s} {'peakRSS':>8s}"
+)
+
+
+def print_row(r: dict[str, Any]) -> None:
+    """One table line: throughputs (samples/s), ratios to the plain loop, peak RSS so far."""
+    name = f"{r['model']}/{r['dataset']}" + (" e2e" if r.get("e2e") else "")
+    print(
+        f"{name:30s} {r['clients']:7d} {r['per_round']:6d} {r['samples_per_round']:7d} "
+        f"{r['plain_sps']:8.0f} {_fmt(r['sequential_sps'], '8.0f'):>8s} "
+        f"{_fmt(r['vectorized_sps'], '8.0f'):>8s} "
+        f"{_fmt(r['sequential_ratio'], '6.2f'):>6s} {_fmt(r['vectorized_ratio'], '6.2f'):>6s} "
+        f"{r['peak_rss_mb']:7.0f}M",
+        flush=True,
+    )
+
+
+def e2e_row(quick: bool, repeats: int | None, personal_test: str) -> dict[str, Any]:
+    """FedAvg, simplecnn, 10 clients, every client every round, personal evaluation every round."""
+    if quick:
+        setting = Setting("simplecnn", "synthetic16", 4, None, 40, 10, 1000, repeats or 1)
+    else:
+        setting = Setting("simplecnn", "fmnist", 10, None, 1200, 64, 60000, repeats or 3)
+    row = measure(setting, evaluate=True, personal_test=personal_test)
+    row["e2e"] = True
+    row["dataset"] = f"{row['dataset']} test={personal_test}"
+    ratios = [row[f"{n}_ratio"] for n in EXECUTORS if row[f"{n}_ratio"] is not None]
+    row["best_ratio"] = max(ratios) if ratios and row["vectorized_ratio"] is not None else None
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes on synthetic data (a smoke test)")
+    parser.add_argument(
+        "--models",
+        nargs="*",
+        default=["simplecnn", "resnet18"],
+        choices=sorted(MODEL_DEFAULTS),
+        help="models of the table (none: the end-to-end line only)",
+    )
+    parser.add_argument("--clients", nargs="+", type=int, help="default 10 50 100 (quick: 4)")
+    parser.add_argument(
+        "--per-round", nargs="+", default=["all", "10"], help="participants per round: 'all' and/or numbers"
+    )
+    parser.add_argument("--samples", type=int, help="samples per client (default: per model, see the doc)")
+    parser.add_argument(
+        "--repeats", type=int, help="timed passes after a warm-up (default simplecnn 3, resnet18 1, quick 1)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument(
+        "--e2e-test", default="split", choices=["split", "full", "none"], help="personal_test of the e2e line"
+    )
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    register_synthetic32()
+    clients = args.clients or ([4] if args.quick else [10, 50, 100])
+    per_round = [None if p == "all" else (2 if args.quick else int(p)) for p in args.per_round]
+    t0 = time.perf_counter()
+    print(
+        f"fedpcd speed benchmark: FedAvg, 1 local epoch, {args.threads} torch thread(s); vectorized executor "
+        f"{'available' if vectorized_available() else 'n/a (fedpcd.engine.vectorized missing)'}",
+        flush=True,
+    )
+    print(HEADER + "\n" + "-" * len(HEADER), flush=True)
+    rows: list[dict[str, Any]] = []
+    for setting in settings_for(args.models, clients, per_round, args.quick, args.samples, args.repeats):
+        rows.append(measure(setting))
+        print_row(rows[-1])
+    if args.e2e_test != "none":
+        rows.append(e2e_row(args.quick, args.repeats, args.e2e_test))
+        print_row(rows[-1])
+    ok, misses = check(rows)
+    print(f"\npeak RSS {peak_rss_mb():.0f} MB; {time.perf_counter() - t0:.0f} s")
+    print(
+        f"targets: sequential >= {TARGET_SEQ}x; vectorized >= {TARGET_VEC_10}x (10 simplecnn clients/round), "
+        f">= {TARGET_VEC_50}x (50+); end-to-end >= {TARGET_E2E}x"
+    )
+    for miss in misses:
+        print(f"  missed: {miss}")
+    print("overall: " + ("PASS" if ok else "FAIL"))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": rows, "pass": ok, "misses": misses}, fh, indent=2)
+    return 1 if args.strict and not ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Smoke tests of the speed and scale benchmarks (benchmarks/speed.py, benchmarks/scale.py) at tiny sizes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module's annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_speed_quick_runs_and_reports(tmp_path, capsys):
+    speed = _load("speed")
+    out = tmp_path / "speed.json"
+    assert speed.main(["--quick", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "overall: PASS" in text or "overall: FAIL" in text
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert {r["model"] for r in rows} == {"simplecnn", "resnet18"}
+    assert any(r.get("e2e") for r in rows)
+    for r in rows:
+        assert r["plain_sps"] > 0 and r["sequential_sps"] > 0 and r["peak_rss_mb"] > 0
+        assert r["sequential_ratio"] == r["sequential_sps"] / r["plain_sps"]
+
+
+def test_speed_targets_logic():
+    speed = _load("speed")
+    row = {
+        "model": "simplecnn",
+        "clients": 50,
+        "per_round": 50,
+        "sequential_ratio": 0.95,
+        "vectorized_ratio": None,
+    }
+    ok, misses = speed.check([row])
+    assert not ok and misses == ["simplecnn 50/50: vectorized n/a < 3.0x"]
+    ok, _ = speed.check([{**row, "vectorized_ratio": 3.2}])
+    assert ok
+    ok, misses = speed.check([{**row, "per_round": 10, "vectorized_ratio": 1.7}])
+    assert misses == ["simplecnn 10/50: vectorized 1.70x < 1.8x"]
+
+
+def test_scale_quick_keeps_only_personal_parts(tmp_path, capsys):
+    scale = _load("scale")
+    out = tmp_path / "scale.json"
+    argv = ["--quick", "--clients", "12", "--per-round", "4", "--algorithms", "fedavg", "fedper", "scaffold"]
+    assert scale.main([*argv, "--json", str(out)]) == 0
+    rows = {(r["algorithm"], r["backend"]): r for r in json.loads(out.read_text())["rows"]}
+    assert rows[("fedavg", "memory")]["states"] == 0  # FedAvg keeps nothing
+    for backend in ("memory", "disk"):
+        fedper, scaffold = rows[("fedper", backend)], rows[("scaffold", backend)]
+        assert fedper["states"] == scaffold["states"] == 12  # the fill phase gave every client a state
+        assert fedper["state_keys"] == "head.weight,head.bias" and fedper["state_share"] < 0.2
+        assert scaffold["state_keys"] == "control"
+    assert "PASS" in capsys.readouterr().out
