@@ -186,6 +186,11 @@ def test_sweep_goes_on_after_a_failing_run(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "FAILED" in err and "boom" in err and "1 of 2 runs failed" in err
     assert [run_status(c) for c in expand_sweep(path)] == ["new", "done"]
+    failed = Path(expand_sweep(path)[0].output_dir)
+    failed.mkdir(parents=True)
+    (failed / "config.yaml").write_text("seed: 0\n")  # a run that failed after writing its config
+    assert main(["report", str(tmp_path / "runs")]) == 0
+    assert f"left out above: `{failed.name}`" in capsys.readouterr().out
 
 
 def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path):

@@ -86,6 +86,16 @@ def load_runs(root: str | Path) -> list[Run]:
     return runs
 
 
+def unfinished_runs(root: str | Path) -> list[str]:
+    """Run folders below ``root`` (a config.yaml) without a summary.json, relative to ``root``, sorted."""
+    root = Path(root)
+    return sorted(
+        p.parent.relative_to(root).as_posix()
+        for p in root.rglob("config.yaml")
+        if not (p.parent / "summary.json").exists()
+    )
+
+
 def _json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
@@ -399,6 +409,13 @@ def write_report(
             text = Path(notes).read_text().strip() + "\n\n" + text
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read the notes file {notes}: {exc}") from exc
+    unfinished = unfinished_runs(root)
+    if unfinished:
+        text += (
+            "\nRuns without a summary (failed, or still running), left out above: "
+            + ", ".join(f"`{p}`" for p in unfinished)
+            + "\n"
+        )
     if title:
         text = f"# {title}\n\n{text}"
     if out is not None:

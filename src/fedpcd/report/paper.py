@@ -225,7 +225,8 @@ def slug(text: str) -> str:
 
 def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
     """GA and PA-split over rounds in one setting: one line per method (mean over seeds), the band spans the
-    seeds (min to max), colours from tab20 with two line styles so 40 methods stay distinguishable."""
+    seeds (min to max), colours from tab20 with two line styles so 40 methods stay distinguishable, the
+    first (reference) method in thick black."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -245,8 +246,10 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
             if not by_round:
                 continue
             rounds = sorted(by_round)
-            style = {"color": colours[i % 20], "linestyle": "-" if i < 20 else "--"}
-            ax.plot(rounds, [statistics.fmean(by_round[t]) for t in rounds], label=method, lw=1.4, **style)
+            style = {"color": colours[i % 20], "linestyle": "-" if i < 20 else "--", "lw": 1.4}
+            if i == 0:  # the reference method (FedAvg) stands out
+                style = {"color": "black", "linestyle": "-", "lw": 2.2}
+            ax.plot(rounds, [statistics.fmean(by_round[t]) for t in rounds], label=method, **style)
             if len(members) > 1:
                 low = [min(by_round[t]) for t in rounds]
                 high = [max(by_round[t]) for t in rounds]
