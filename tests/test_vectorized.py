@@ -68,7 +68,8 @@ def _assert_close(a, b, path: str = "") -> None:
         assert a == b, path
 
 
-def _compare(tmp_path, extra: list[str], monkeypatch) -> None:
+def _compare(tmp_path, extra: list[str], monkeypatch) -> int:
+    """Run sequential and vectorized, assert they agree; returns the number of vectorized rounds."""
     calls = []
     real = vec.train_vectorized
 
@@ -88,6 +89,7 @@ def _compare(tmp_path, extra: list[str], monkeypatch) -> None:
         _assert_close(a, b, f"round {a['round']}")
     _assert_close(seq_state["server"], vec_state["server"], "server")
     _assert_close(seq_state["client_states"], vec_state["client_states"], "client_states")
+    return len(calls)
 
 
 # FedNH on a ReLU feature and FedMR with the default 1e-8 variance guard amplify rounding: a unit whose
@@ -108,15 +110,16 @@ COVERED = {
 
 @pytest.mark.parametrize("name", sorted(COVERED))
 def test_vectorized_matches_sequential(tmp_path, monkeypatch, name):
-    _compare(tmp_path, [f"algorithm.name={name}", *COVERED[name]], monkeypatch)
+    assert _compare(tmp_path, [f"algorithm.name={name}", *COVERED[name]], monkeypatch) == 2
 
 
 def test_grad_clip_partial_participation_and_two_epochs(tmp_path, monkeypatch):
-    _compare(
+    vectorized_rounds = _compare(
         tmp_path,
         ["clients=6", "participation=0.5", "local.grad_clip=0.5", "local.epochs=2", "personal_test=split"],
         monkeypatch,
     )
+    assert vectorized_rounds == 2
 
 
 def _federation(*extra: str):
