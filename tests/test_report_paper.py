@@ -20,7 +20,14 @@ import yaml
 from fedpcd.cli import main
 from fedpcd.errors import UserError
 from fedpcd.report import Run
-from fedpcd.report.paper import build_grid, communication_table, partition_name, pivot_table
+from fedpcd.report.paper import (
+    build_grid,
+    communication_table,
+    mean_ranks,
+    partition_name,
+    pivot_table,
+    ranking_table,
+)
 from fedpcd.sweep import expand_sweep, run_status
 
 PATHOLOGICAL = {"scheme": "pathological", "classes_per_client": 2}
@@ -70,7 +77,7 @@ def _cells(table, row):
 def test_grid_names_orders_and_pivots_by_hand():
     grid = build_grid(_runs())
     assert grid.methods == ["fedavg", "fedprox mu=0.1"]  # the reference method first
-    assert grid.settings == ["P10C2", "Dir(0.1) K=100"]  # fewer clients first; usual values left out
+    assert grid.settings == ["P10C2", "Dir(0.1) K=100"]  # the usual client count first; usual values left out
     last = pivot_table(grid, "global_acc", "last", last=2)
     assert last.splitlines()[0] == "| method | P10C2 | Dir(0.1) K=100 |"
     fedavg_p = [statistics.fmean([0.6, 0.4]), statistics.fmean([0.5, 0.5])]
@@ -86,6 +93,36 @@ def test_grid_names_orders_and_pivots_by_hand():
     assert _cells(best, "fedavg")[0] == "**55.00 ± 7.07**"  # best rounds 0.6 and 0.5
     assert _cells(best, "fedprox mu=0.1")[0] == "50.00 ± 28.28"  # 0.7 and 0.3
     assert _cells(pivot_table(grid, "personal_acc", "last", 2), "fedavg")[0] == "**85.00 ± 7.07**"
+
+
+def test_settings_go_from_mild_to_strong_skew_then_unusual_client_counts():
+    fedavg = {"name": "fedavg"}
+    parts = [
+        ({"scheme": "pathological", "classes_per_client": 2}, 5),
+        ({"scheme": "pathological", "classes_per_client": 2}, 10),
+        ({"scheme": "dirichlet", "beta": 0.1}, 10),
+        ({"scheme": "iid"}, 10),
+        ({"scheme": "pathological", "classes_per_client": 3}, 10),
+        ({"scheme": "dirichlet", "beta": 0.5}, 10),
+    ]
+    grid = build_grid([_run(fedavg, part, 0, [0.5], [0.5], clients=k) for part, k in parts])
+    assert grid.settings == ["IID", "Dir(0.5)", "Dir(0.1)", "P10C3", "P10C2", "P5C2"]
+
+
+def test_mean_ranks_and_ranking_by_hand():
+    grid = build_grid(_runs())
+    # GA, last 2: P10C2 fedavg 0.50 > fedprox 0.475; Dir(0.1): both 0.50, a tie sharing ranks 1 and 2
+    assert mean_ranks(grid, "global_acc", "last", 2) == {"fedavg": [1.0, 1.5], "fedprox mu=0.1": [2.0, 1.5]}
+    # PA, last 2: P10C2 fedavg 0.85 > fedprox 0.55; Dir(0.1): 0.7 and 0.7
+    assert mean_ranks(grid, "personal_acc", "last", 2) == {"fedavg": [1.0, 1.5], "fedprox mu=0.1": [2.0, 1.5]}
+    table = ranking_table(grid, last=2)
+    assert table.splitlines()[0] == "| method | GA mean rank (settings) | PA-split mean rank (settings) |"
+    assert [_cells(table, m) for m in ("fedavg", "fedprox mu=0.1")] == [
+        ["1.2 (2)", "1.2 (2)"],
+        ["1.8 (2)", "1.8 (2)"],
+    ]
+    assert table.splitlines()[2].startswith("| fedavg |")  # best mean GA rank first
+    assert ranking_table(build_grid(_runs()[:4]), last=2) is None  # one setting: nothing to rank over
 
 
 def test_communication_rounds_and_megabytes_by_hand():

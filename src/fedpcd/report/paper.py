@@ -62,12 +62,20 @@ def partition_name(partition: dict[str, Any], clients: int) -> str:
     return str(scheme)
 
 
-def _setting_sort_key(config: dict[str, Any]) -> tuple:
+def _setting_sort_key(config: dict[str, Any], unusual: int) -> tuple:
+    """Settings that differ from the others only in the partition first, ordered from mild to strong skew
+    (IID, Dir(0.5), Dir(0.1), P10C3, P10C2), then those with ``unusual`` other keys (P5C2, K=100 ...)."""
     part = config.get("partition", {})
     scheme = part.get("scheme")
     rank = _SCHEME_ORDER.index(scheme) if scheme in _SCHEME_ORDER else len(_SCHEME_ORDER)
     strength = -float(part.get("beta", part.get("classes_per_client", 0)) or 0)
-    return (config.get("clients", 0), rank, strength, json.dumps(config, sort_keys=True, default=str))
+    return (
+        unusual,
+        rank,
+        strength,
+        config.get("clients", 0),
+        json.dumps(config, sort_keys=True, default=str),
+    )
 
 
 @dataclass
@@ -98,7 +106,10 @@ def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
         unusual = [k for k in setting_keys if json.dumps(flat.get(k), default=str) != usual[k]]
         setting = _setting_name(run.config, flat, unusual)
         methods.setdefault(method)
-        settings.setdefault(setting, _setting_sort_key({k: v for k, v in run.config.items() if k != "seed"}))
+        others = sum(not k.startswith("partition.") for k in unusual)
+        settings.setdefault(
+            setting, _setting_sort_key({k: v for k, v in run.config.items() if k != "seed"}, others)
+        )
         cells.setdefault((method, setting), []).append(run)
     ordered_methods = sorted(methods, key=lambda m: (m.split()[0] != reference, m))
     ordered_settings = sorted(settings, key=lambda s: settings[s])
@@ -175,6 +186,39 @@ def pivot_table(grid: Grid, metric: str, protocol: str, last: int) -> str:
     return "\n".join(lines)
 
 
+def mean_ranks(grid: Grid, metric: str, protocol: str, last: int) -> dict[str, list[float]]:
+    """Per method, its rank in each setting where it has a value (1 = the best mean over seeds; ties share
+    the mean of their ranks)."""
+    values = cell_values(grid, metric, protocol, last)
+    ranks: dict[str, list[float]] = {}
+    for setting in grid.settings:
+        means = {m: statistics.fmean(v) for (m, s), v in values.items() if s == setting}
+        for method, mean in means.items():
+            above = sum(other > mean for other in means.values())
+            ties = sum(other == mean for other in means.values())
+            ranks.setdefault(method, []).append(above + (ties + 1) / 2)
+    return ranks
+
+
+def ranking_table(grid: Grid, last: int) -> str | None:
+    """Markdown: every method's mean rank over the settings, for GA and PA-split (last-N protocol), best
+    first: by GA rank, then the methods without a global model by PA rank. None for a single setting."""
+    if len(grid.settings) < 2:
+        return None
+    labels = [label for _, label in METRICS[:2]]
+    ranks = [mean_ranks(grid, metric, "last", last) for metric, _ in METRICS[:2]]
+    rows = []
+    for method in grid.methods:
+        means = [statistics.fmean(r[method]) if r.get(method) else float("inf") for r in ranks]
+        texts = [
+            f"{m:.1f} ({len(r[method])})" if r.get(method) else "-" for m, r in zip(means, ranks, strict=True)
+        ]
+        if any(t != "-" for t in texts):
+            rows.append(((*means, method), f"| {method} | " + " | ".join(texts) + " |"))
+    header = "| method | " + " | ".join(f"{label} mean rank (settings)" for label in labels) + " |"
+    return "\n".join([header, "|---|---|---|"] + [line for _, line in sorted(rows)])
+
+
 def communication_table(grid: Grid, reference: str = "fedavg") -> str | None:
     """Markdown: per method and setting, the rounds and megabytes (up + down) to reach the best GA of the
     ``reference`` run of the same setting and seed. Rounds are evaluated rounds (resolution ``eval_every``);
@@ -230,6 +274,7 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(13, 5.2))
     FigureCanvasAgg(fig)
@@ -246,7 +291,8 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
             if not by_round:
                 continue
             rounds = sorted(by_round)
-            style = {"color": colours[i % 20], "linestyle": "-" if i < 20 else "--", "lw": 1.4}
+            lw = 1.4 if len(grid.methods) <= 12 else 1.0
+            style = {"color": colours[i % 20], "linestyle": "-" if i < 20 else "--", "lw": lw}
             if i == 0:  # the reference method (FedAvg) stands out
                 style = {"color": "black", "linestyle": "-", "lw": 2.2}
             ax.plot(rounds, [statistics.fmean(by_round[t]) for t in rounds], label=method, **style)
@@ -256,6 +302,7 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
                 ax.fill_between(rounds, low, high, color=style["color"], alpha=0.15, lw=0)
             ax.set_title(f"{setting}: {title}")
             ax.set_xlabel("round")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylabel(f"{title} (%)")
             ax.grid(alpha=0.3)
     handles, labels = axes[1].get_legend_handles_labels()
@@ -313,6 +360,14 @@ def paper_sections(
     from fedpcd.data.stats import plot_counts
 
     parts = []
+    ranking = ranking_table(grid, last)
+    if ranking is not None:
+        parts.append(
+            f"## Ranking: mean rank over the settings (mean of the last {last} evaluated rounds)\n\n"
+            "In each setting the methods are ranked by their mean over seeds (1 = best; ties share a rank); "
+            "the number of settings with a value is in brackets.\n\n"
+            f"{ranking}\n"
+        )
     for metric, label in METRICS[:2]:
         for protocol in PROTOCOLS:
             how = f"mean of the last {last} evaluated rounds"
