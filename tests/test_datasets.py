@@ -227,7 +227,14 @@ def test_unknown_dataset_lists_choices():
     with pytest.raises(UserError, match="unknown dataset 'imagenet'.*cifar10.*fmnist.*synthetic"):
         load_dataset("imagenet")
     assert set(DATASETS.names()) == {
-        "fmnist", "mnist", "cifar10", "cifar100", "svhn", "digits", "synthetic", "synthetic16"
+        "fmnist",
+        "mnist",
+        "cifar10",
+        "cifar100",
+        "svhn",
+        "digits",
+        "synthetic",
+        "synthetic16",
     }
 
 

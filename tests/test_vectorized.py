@@ -105,12 +105,37 @@ COVERED = {
     "fednh": ["model.feature_relu=false"],
     "fedgela": ["personal_test=split"],
     "fedge": [],
+    "scaffold": ["algorithm.grad_clip=0.5"],  # SCAFFOLD's own clip, active at 0.5
+    "feddyn": ["algorithm.alpha=0.1", "clients=4", "participation=0.75"],  # first and later participations
+    "feddc": ["algorithm.alpha=0.1", "local.grad_clip=0.5"],
+    "fedntd": [],
+    "fednova": [],
+    "fedper": [],
+    "fedbabu": ["algorithm.finetune_epochs=1"],
+    "lgfedavg": [],
+    "local": [],
+    "fedavg_ft": ["algorithm.finetune_epochs=1"],
 }
 
 
 @pytest.mark.parametrize("name", sorted(COVERED))
 def test_vectorized_matches_sequential(tmp_path, monkeypatch, name):
     assert _compare(tmp_path, [f"algorithm.name={name}", *COVERED[name]], monkeypatch) == 2
+
+
+def test_moon_first_and_returning_clients_train_in_separate_groups(tmp_path, monkeypatch):
+    groups = []
+    real = vec._train_steps
+
+    def spy(algorithm, model, clients):
+        groups.append([c.k for c in clients])
+        return real(algorithm, model, clients)
+
+    monkeypatch.setattr(vec, "_train_steps", spy)
+    extra = ["algorithm.name=moon", "algorithm.mu=1.0", "clients=5", "participation=0.6"]
+    assert _compare(tmp_path, extra, monkeypatch) == 2
+    # round 2: clients 0 and 4 have a previous model (the contrastive term), client 2 not yet
+    assert groups == [[0, 1, 4], [0, 4], [2]]
 
 
 def test_grad_clip_partial_participation_and_two_epochs(tmp_path, monkeypatch):
@@ -132,8 +157,8 @@ def test_where_the_vectorized_executor_applies_and_auto_stays_sequential(monkeyp
     fed, fedavg = _federation()
     assert vec.blocker(fedavg, fed, [0, 1]) is None
     assert vec.blocker(fedavg, fed, [0]) == "fewer than 2 participants"
-    moon_fed, moon = _federation("algorithm.name=moon")
-    assert "not covered" in vec.blocker(moon, moon_fed, [0, 1])
+    ditto_fed, ditto = _federation("algorithm.name=ditto")
+    assert "not covered" in vec.blocker(ditto, ditto_fed, [0, 1])
     lite_fed, lite = _federation("algorithm.name=fedmr", "algorithm.lite_samples=4")
     assert "Lite" in vec.blocker(lite, lite_fed, [0, 1])
     res_fed, res = _federation("model.name=resnet18")
@@ -149,13 +174,13 @@ def test_where_the_vectorized_executor_applies_and_auto_stays_sequential(monkeyp
 
 
 def test_uncovered_algorithm_falls_back_to_sequential_with_a_warning():
-    fed, moon = _federation("algorithm.name=moon", "engine.executor=vectorized")
-    server = moon.init_server(fed.model_for(0, fresh=True))
+    fed, ditto = _federation("algorithm.name=ditto", "engine.executor=vectorized")
+    server = ditto.init_server(fed.model_for(0, fresh=True))
     vec._WARNED.clear()
     with pytest.warns(UserWarning, match="vectorized executor not used.*not covered"):
-        got = train_clients(moon, fed, server, [0, 1], {}, 1, evaluate=True)
-    ref_fed, ref_moon = _federation("algorithm.name=moon")
-    want = train_sequential(ref_moon, ref_fed, server, [0, 1], {}, 1, evaluate=True)
+        got = train_clients(ditto, fed, server, [0, 1], {}, 1, evaluate=True)
+    ref_fed, ref_ditto = _federation("algorithm.name=ditto")
+    want = train_sequential(ref_ditto, ref_fed, server, [0, 1], {}, 1, evaluate=True)
     for a, b in zip(got, want, strict=True):
         assert a.metrics == b.metrics and a.reply["train_loss"] == b.reply["train_loss"]
 

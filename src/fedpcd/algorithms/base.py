@@ -152,6 +152,12 @@ def tensor_bytes(obj: Any) -> int:
 # ----- helpers shared by algorithms ------------------------------------------------------------
 
 
+def device_of(model: nn.Module) -> torch.device:
+    """The device of the model's parameters: the run's device (``engine.device``), where the engine puts
+    every model; tensors an algorithm creates to meet the model's belong there."""
+    return next(model.parameters()).device
+
+
 def param_names(model: nn.Module) -> list[str]:
     """Names of the model's floating-point parameters (state-dict keys; buffers excluded)."""
     return [name for name, p in model.named_parameters() if p.is_floating_point()]
@@ -164,7 +170,7 @@ def zeros_like_params(model: nn.Module) -> StateDict:
 
 def sq_distance(model: nn.Module, reference: Mapping[str, Tensor]) -> Tensor:
     """sum over parameters of ||w - reference||^2, differentiable in the model's parameters."""
-    total = torch.zeros((), device=next(model.parameters()).device)
+    total = torch.zeros((), device=device_of(model))
     for name, p in model.named_parameters():
         if p.is_floating_point():
             total = total + (p - reference[name].detach()).pow(2).sum()

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, StateDict, clone_state, frozen_forward
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, StateDict, clone_state, device_of, frozen_forward
 from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
 from fedpcd.models import head_keys
 from fedpcd.utils import derive_seed
@@ -104,17 +104,14 @@ def aggregate_class_gradients(
     ("samples"). Returns (grad_W [C, C, d], grad_b [C, C] or None, reported [C] bool); zero rows for
     classes nobody reported."""
     first = replies[0]
-    grad_w = torch.zeros(num_classes, *first["grad_weight"].shape[1:], dtype=torch.float64)
+    f64 = {"dtype": torch.float64, "device": first["grad_weight"].device}
+    grad_w = torch.zeros(num_classes, *first["grad_weight"].shape[1:], **f64)
     has_bias = "grad_bias" in first
-    grad_b = torch.zeros(num_classes, first["grad_bias"].shape[1], dtype=torch.float64) if has_bias else None
-    total = torch.zeros(num_classes, dtype=torch.float64)
+    grad_b = torch.zeros(num_classes, first["grad_bias"].shape[1], **f64) if has_bias else None
+    total = torch.zeros(num_classes, **f64)
     for r in replies:
         cls = r["classes"]
-        a = (
-            r["class_counts"].double()
-            if weighting == "samples"
-            else torch.ones(len(cls), dtype=torch.float64)
-        )
+        a = r["class_counts"].double() if weighting == "samples" else torch.ones(len(cls), **f64)
         grad_w.index_add_(0, cls, a[:, None, None] * r["grad_weight"].double())
         if grad_b is not None:
             grad_b.index_add_(0, cls, a[:, None] * r["grad_bias"].double())
@@ -165,7 +162,8 @@ def match_features(
 def linear_init(
     num_classes: int, dim: int, bias: bool, generator: torch.Generator
 ) -> tuple[Tensor, Tensor | None]:
-    """nn.Linear's default init, U(-1/sqrt(d), 1/sqrt(d)) for weight and bias, drawn from ``generator``."""
+    """nn.Linear's default init, U(-1/sqrt(d), 1/sqrt(d)) for weight and bias, drawn from ``generator`` (on
+    its device)."""
     bound = 1.0 / math.sqrt(dim)
     w = (torch.rand(num_classes, dim, generator=generator) * 2.0 - 1.0) * bound
     b = (torch.rand(num_classes, generator=generator) * 2.0 - 1.0) * bound if bias else None
@@ -183,19 +181,20 @@ def retrain_classifier(
     generator: torch.Generator,
 ) -> tuple[Tensor, Tensor | None]:
     """SGD (no momentum, no weight decay, as [C]) on the cross-entropy of the C x m federated features,
-    ``epochs`` passes of shuffled mini-batches (last one short); starts from copies of (weight, bias).
+    ``epochs`` passes of shuffled mini-batches (last one short); starts from copies of (weight, bias) on the
+    features' device. The shuffles are drawn from ``generator`` (a CPU one: the same on every device).
 
     The step uses the closed-form gradient of the batch-mean cross-entropy, (softmax - onehot) / B, which is
     what autograd would give, at about half the cost of an autograd step for these tiny problems.
     """
     num_classes, m, dim = features.shape
     x = features.detach().reshape(num_classes * m, dim)
-    y = torch.arange(num_classes).repeat_interleave(m)
-    w = weight.detach().clone()
-    b = bias.detach().clone() if bias is not None else None
-    rows = torch.arange(batch_size)
+    y = torch.arange(num_classes, device=x.device).repeat_interleave(m)
+    w = weight.detach().to(x.device, copy=True)
+    b = bias.detach().to(x.device, copy=True) if bias is not None else None
+    rows = torch.arange(batch_size, device=x.device)
     for _ in range(epochs):
-        order = torch.randperm(len(y), generator=generator)
+        order = torch.randperm(len(y), generator=generator).to(x.device)
         for start in range(0, len(y), batch_size):
             idx = order[start : start + batch_size]
             xb = x[idx]
@@ -250,12 +249,13 @@ class CReFF(FedAvg):
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
         """FedAvg's state, the features F (C x m x d, N(0, 1) from the run seed), the initial model's head
-        as the first "re-trained" classifier, and the count of re-trainings done."""
+        as the first "re-trained" classifier, and the count of re-trainings done. F is drawn on the CPU (the
+        same on every device) and kept on the model's device."""
         server = super().init_server(model)
         g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, FEATURE_STREAM))
         server["features"] = torch.randn(
             self.ctx.num_classes, self.feats_per_class, int(model.feature_dim), generator=g
-        )
+        ).to(device_of(model))
         server["head"] = clone_state(model, head_keys(model))
         server["retrained"] = 0
         return server

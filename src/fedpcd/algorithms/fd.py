@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS
+from fedpcd.algorithms.base import ALGORITHMS, device_of
 from fedpcd.algorithms.fedavg import Payload, Predictor
 from fedpcd.algorithms.fedproto import ClassMeanExchange, prototype_mse
 
@@ -62,9 +62,12 @@ class FD(ClassMeanExchange):
     # weighting (inherited): "uniform" = mean over the holders; "samples" = weighted by their class counts
 
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """C x C global mean logits, none known yet."""
-        c = self.ctx.num_classes
-        return {"logits": torch.zeros(c, c), "known": torch.zeros(c, dtype=torch.bool)}
+        """C x C global mean logits, none known yet (on the model's device)."""
+        c, device = self.ctx.num_classes, device_of(model)
+        return {
+            "logits": torch.zeros(c, c, device=device),
+            "known": torch.zeros(c, dtype=torch.bool, device=device),
+        }
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
         """CE + gamma * D(F_k(x), G_y) (``distill``; classes without a global logit vector add 0)."""

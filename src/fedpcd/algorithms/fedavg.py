@@ -5,8 +5,9 @@ its paper changes. Hooks and the order the engine calls them in:
 
 server: ``init_server`` once; each round ``payload_for`` per sampled client, then ``aggregate``;
         ``global_predictor`` for generic accuracy (GA).
-client: ``local_update`` (default: ``load_payload``, then the shared ``train`` loop driven by ``loss``), then
-        ``personal_predictor`` for the personal metrics, evaluated where the client state lives.
+client: ``local_update`` (default: ``begin_local`` = ``load_payload``; ``fit`` = the shared ``train`` loop
+        driven by ``loss`` and ``correct_grads``; ``end_local`` = the reply), then ``personal_predictor`` for
+        the personal metrics, evaluated where the client state lives.
 
 Server state, payloads, replies and client state are dicts of tensors, numbers and strings: nothing may rely
 on running in one process. Client state holds only what is personal (None for FedAvg).
@@ -14,7 +15,7 @@ on running in one process. Client state holds only what is personal (None for Fe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,6 +28,12 @@ from fedpcd.algorithms.base import ALGORITHMS, ClientData, Context, clone_state,
 Payload = dict[str, Any]
 Reply = dict[str, Any]
 Predictor = Callable[[Tensor], Tensor]
+
+
+def shifted(grads: Mapping[str, Tensor], terms: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """g + terms[name] for every gradient that has a term (the others as they are): ``correct_grads``'s
+    additive corrections."""
+    return {name: g + terms[name] if name in terms else g for name, g in grads.items()}
 
 
 @dataclass
@@ -77,10 +84,10 @@ class FedAvg:
     ) -> tuple[Reply, Any]:
         """Train from the payload; reply with the new weights, the sample count and the mean train loss.
 
-        Three parts: ``begin_local``, the shared ``train`` loop, ``end_local`` (the vectorized executor,
-        engine/vectorized.py, runs the middle part for many clients at once)."""
+        Three parts: ``begin_local``, ``fit`` (the shared ``train`` loop), ``end_local`` (the vectorized
+        executor, engine/vectorized.py, runs the middle part for many clients at once)."""
         work = self.begin_local(model, data, payload, state, rng)
-        loss = self.train(model, data, work.payload, work.state, rng)
+        loss = self.fit(model, data, work.payload, work.state, rng)
         return self.end_local(model, data, payload, state, rng, work, loss)
 
     # ----- the local update in parts, for the vectorized executor (engine/vectorized.py) -----
@@ -98,6 +105,13 @@ class FedAvg:
         client's working state)."""
         self.load_payload(model, payload, state)
         return LocalWork(payload, state)
+
+    def fit(
+        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    ) -> float:
+        """Local training of one round on ``begin_local``'s payload and state; the mean loss (FedAvg: the
+        shared loop; FedRep: two phases). The vectorized executor runs only classes that keep this one."""
+        return self.train(model, data, payload, state, rng)
 
     def end_local(
         self,
@@ -150,7 +164,31 @@ class FedAvg:
         return model.parameters()
 
     def before_step(self, model: nn.Module, payload: Payload, state: Any) -> None:
-        """Called after backward and before the optimiser step (gradient corrections go here)."""
+        """Called after backward and before the optimiser step: the gradients become ``correct_grads``'s.
+
+        Override ``correct_grads`` rather than this (the vectorized executor runs only classes that keep
+        this one, and applies ``correct_grads`` to all clients at once)."""
+        if type(self).correct_grads is FedAvg.correct_grads:
+            return
+        params = dict(model.named_parameters())
+        grads = {name: p.grad for name, p in params.items() if p.grad is not None}
+        with torch.no_grad():
+            corrected = self.correct_grads(grads, params, payload, state)
+        for name, g in corrected.items():
+            params[name].grad = g
+
+    def correct_grads(
+        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], payload: Payload, state: Any
+    ) -> dict[str, Tensor]:
+        """The gradients the optimiser steps on, by parameter name, from the loss's ``grads`` (the
+        parameters that have one); ``params`` holds every parameter's current value. Gradient corrections
+        and the gradients of linear or closed-form terms go here (SCAFFOLD, FedDyn, FedDC); they apply before
+        gradient clipping, weight decay and momentum, as ``before_step`` does. FedAvg: unchanged.
+
+        Tensor code only, out of place (no data-dependent Python control flow, no random draws): the shared
+        loop calls it on one model's gradients, the vectorized executor vmaps it over the clients' stacked
+        gradients, parameters, payloads, states and ``vector_attrs``."""
+        return grads
 
     def max_grad_norm(self) -> float | None:
         """The local loop's gradient-norm clip: ``local.grad_clip`` (None: no clipping)."""

@@ -19,14 +19,14 @@ round's locally trained model, i.e. FedAvg's PM trained further); ``finetune_lr`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 
 
 @ALGORITHMS.register("fedavg_ft")
@@ -39,11 +39,30 @@ class FedAvgFT(FedAvg):
     finetune_from: Literal["global", "local"] = "global"  # "global": specs/fedgela.md sec. 4
     finetune_lr: Annotated[float, Field(gt=0.0)] | None = None  # None: the round's local lr
 
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    # covered by the vectorized executor (engine/vectorized.py): FedAvg's training; the fine-tuning in
+    # ``end_local`` runs per client after it
+    vector_attrs: ClassVar[tuple[str, ...]] = ()
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
     ) -> tuple[Reply, Any]:
-        """FedAvg's local update (the reply), then fine-tune ``model`` in place into the personal model."""
-        reply, state = super().local_update(model, data, payload, state, rng)
-        self.finetune(model, data, payload, state, rng, epochs=self.finetune_epochs,
-                      lr=self.finetune_lr, from_global=self.finetune_from == "global")
+        """FedAvg's reply, then fine-tune ``model`` in place into the personal model."""
+        reply, state = super().end_local(model, data, payload, state, rng, work, loss)
+        self.finetune(
+            model,
+            data,
+            payload,
+            state,
+            rng,
+            epochs=self.finetune_epochs,
+            lr=self.finetune_lr,
+            from_global=self.finetune_from == "global",
+        )
         return reply, state

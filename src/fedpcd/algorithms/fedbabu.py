@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -43,6 +43,10 @@ class FedBABU(FedPer):
 
     _finetuning = False  # working state of personalise (not a field)
 
+    # covered by the vectorized executor (engine/vectorized.py): the body's training; the fine-tuning in
+    # ``personalise`` runs per client after it
+    vector_attrs: ClassVar[tuple[str, ...]] = ()
+
     def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:
         """Body only during FL (the head is not in the optimiser); everything while fine-tuning."""
         return model.parameters() if self._finetuning else backbone_parameters(model)
@@ -55,7 +59,15 @@ class FedBABU(FedPer):
             return
         self._finetuning = True
         try:
-            self.finetune(model, data, payload, state, rng, epochs=self.finetune_epochs,
-                          lr=self.finetune_lr, from_global=self.finetune_from == "global")
+            self.finetune(
+                model,
+                data,
+                payload,
+                state,
+                rng,
+                epochs=self.finetune_epochs,
+                lr=self.finetune_lr,
+                from_global=self.finetune_from == "global",
+            )
         finally:
             self._finetuning = False

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS
+from fedpcd.algorithms.base import ALGORITHMS, device_of
 from fedpcd.algorithms.fedavg import Payload
 from fedpcd.algorithms.lgfedavg import LGFedAvg
 
@@ -68,7 +68,7 @@ def classifier_proximal(
     model: nn.Module, reference: Mapping[str, Tensor], form: Literal["mse", "norm"]
 ) -> Tensor:
     """sum over the parameters named in ``reference`` of mean ("mse") or sum ("norm") of (w - w_g)^2."""
-    total = torch.zeros(())
+    total = torch.zeros((), device=device_of(model))
     for name, p in model.named_parameters():
         if name in reference:
             sq = (p - reference[name].detach()).pow(2)

@@ -22,15 +22,16 @@ alpha = 0 does not reduce to FedAvg: the drift still enters the upload and the c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 from pydantic import Field
-from torch import nn
+from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, Weighting, add_to_grads, zeros_like_params
-from fedpcd.algorithms.fedavg import Payload, Reply
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, Weighting, zeros_like_params
+from fedpcd.algorithms.fedavg import LocalWork, Payload, Reply, shifted
 from fedpcd.algorithms.scaffold import Scaffold
 
 
@@ -49,27 +50,33 @@ class FedDC(Scaffold):
         """c_i = 0 and h_i = 0."""
         return {"control": zeros_like_params(model), "drift": zeros_like_params(model)}
 
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    # as SCAFFOLD's (vectorized executor, engine/vectorized.py)
+    vector_attrs: ClassVar[tuple[str, ...]] = ("_correction",)
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
     ) -> tuple[Reply, Any]:
-        """SCAFFOLD's local update on F, then h_i += theta_i - w and the upload theta_i + h_i."""
-        reply, state = super().local_update(model, data, payload, state, rng)
+        """SCAFFOLD's end of the local update on F, then h_i += theta_i - w and the upload theta_i + h_i."""
+        reply, state = super().end_local(model, data, payload, state, rng, work, loss)
         w, theta = payload["model"], reply["model"]
         drift = {k: h + (theta[k] - w[k]) for k, h in state["drift"].items()}
         reply["model"] = {k: v + drift[k] if k in drift else v for k, v in theta.items()}
         state["drift"] = drift
         return reply, state
 
-    def before_step(self, model: nn.Module, payload: Payload, state: Any) -> None:
+    def correct_grads(
+        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], payload: Payload, state: Any
+    ) -> dict[str, Tensor]:
         """Gradient of G, c - c_i (SCAFFOLD's), plus that of R, alpha (theta + h_i - w)."""
-        super().before_step(model, payload, state)
+        grads = super().correct_grads(grads, params, payload, state)
         if self.alpha == 0.0:
-            return
+            return grads
         w, drift = payload["model"], state["drift"]
-        with torch.no_grad():
-            terms = {
-                name: self.alpha * (p + drift[name] - w[name])
-                for name, p in model.named_parameters()
-                if name in drift
-            }
-        add_to_grads(model, terms)
+        return shifted(grads, {name: self.alpha * (params[name] + drift[name] - w[name]) for name in drift})

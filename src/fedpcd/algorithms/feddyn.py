@@ -10,7 +10,7 @@ start): h^t = h^{t-1} - (alpha/m) sum_{k in P_t} (theta_k^t - theta^{t-1}), m = 
 theta^t = (1/|P_t|) sum_{k in P_t} theta_k^t - h^t / alpha.
 
 Differences from FedAvg: the regularisers' gradients, -grad L_k(theta_k^{t-1}) + alpha (theta -
-theta^{t-1}), are added to every minibatch gradient (``before_step``, exact; ``train_loss`` stays the
+theta^{t-1}), are added to every minibatch gradient (``correct_grads``, exact; ``train_loss`` stays the
 cross-entropy), the client keeps its gradient state, the server keeps h. Buffers (BatchNorm statistics)
 are averaged as in FedAvg.
 FedDyn does not reduce to FedAvg as alpha -> 0 (h^t / alpha stays finite and non-zero), so alpha must be > 0.
@@ -22,25 +22,23 @@ also its "all_model").
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 from pydantic import Field
-from torch import nn
+from torch import Tensor, nn
 
 from fedpcd.algorithms.base import (
     ALGORITHMS,
     ClientData,
     Weighting,
-    add_to_grads,
-    clone_state,
     reply_weights,
     weighted_average,
     zeros_like_params,
 )
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply, shifted
 
 
 @ALGORITHMS.register("feddyn")
@@ -78,30 +76,43 @@ class FedDyn(FedAvg):
         return server
 
     # ----- client -----
-    def local_update(
+    # the gradients get ``self._linear`` per client (vectorized executor, engine/vectorized.py)
+    vector_attrs: ClassVar[tuple[str, ...]] = ("_linear",)
+
+    def begin_local(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Alg. 1 client step: regularised training from theta^{t-1}, then the gradient-state update."""
+    ) -> LocalWork:
+        """Alg. 1 client step: start from theta^{t-1} with the gradient state (zero at first)."""
         state = dict(state) if state is not None else {"grad": zeros_like_params(model)}
-        self.load_payload(model, payload, state)
-        prev = payload["model"]
+        work = super().begin_local(model, data, payload, state, rng)
         # Working state of this client step: the linear term's gradient, -grad L_k(theta_k^{t-1}).
         self._linear = {k: -g for k, g in state["grad"].items()}
-        loss = self.train(model, data, payload, state, rng)
-        theta = clone_state(model)
-        state["grad"] = {k: g - self.alpha * (theta[k] - prev[k]) for k, g in state["grad"].items()}
-        return {"model": theta, "num_samples": data.num_samples, "train_loss": loss}, state
+        return work
 
-    def before_step(self, model: nn.Module, payload: Payload, state: Any) -> None:
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
+    ) -> tuple[Reply, Any]:
+        """After the regularised training: grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t -
+        theta^{t-1})."""
+        reply, state = super().end_local(model, data, payload, state, rng, work, loss)
+        prev, theta = payload["model"], reply["model"]
+        state["grad"] = {k: g - self.alpha * (theta[k] - prev[k]) for k, g in state["grad"].items()}
+        return reply, state
+
+    def correct_grads(
+        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], payload: Payload, state: Any
+    ) -> dict[str, Tensor]:
         """Gradient of the local regulariser: -grad L_k(theta_k^{t-1}) + alpha (theta - theta^{t-1})."""
         prev = payload["model"]
-        with torch.no_grad():
-            terms = {
-                name: self._linear[name] + self.alpha * (p - prev[name])
-                for name, p in model.named_parameters()
-                if name in self._linear
-            }
-        add_to_grads(model, terms)
+        terms = {name: self._linear[name] + self.alpha * (params[name] - prev[name]) for name in self._linear}
+        return shifted(grads, terms)
 
     # ----- extra metrics -----
     def extra_global_predictors(

@@ -42,6 +42,7 @@ from fedpcd.algorithms.base import (
     backbone_parameters,
     balanced_softmax_loss,
     clone_state,
+    device_of,
     load_backbone,
     log_prior,
     weighted_average,
@@ -64,11 +65,12 @@ def etf_logits(z: Tensor, proj: dict[str, Tensor], etf: Tensor, scale: Tensor | 
 
 
 def init_projection(in_dim: int, out_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
-    """nn.Linear's default initialisation (Kaiming-uniform weight, U(+-1/sqrt(in)) bias), seeded."""
-    weight = torch.empty(out_dim, in_dim)
+    """nn.Linear's default initialisation (Kaiming-uniform weight, U(+-1/sqrt(in)) bias), seeded; on the
+    generator's device."""
+    weight = torch.empty(out_dim, in_dim, device=generator.device)
     nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
     bound = 1.0 / math.sqrt(in_dim)
-    bias = torch.empty(out_dim).uniform_(-bound, bound, generator=generator)
+    bias = torch.empty(out_dim, device=generator.device).uniform_(-bound, bound, generator=generator)
     return {"weight": weight, "bias": bias}
 
 
@@ -88,7 +90,8 @@ class FedETF(FedAvg):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """Backbone (no head), the ETF M (d x C), the projection and beta, all seeded from the run seed."""
+        """Backbone (no head), the ETF M (d x C), the projection and beta, all seeded from the run seed (drawn
+        on the CPU, the same on every device) and kept on the model's device."""
         feature_dim = int(model.feature_dim)
         dim = self.ctx.num_classes if self.proj_dim is None else self.proj_dim
         if dim < self.ctx.num_classes:
@@ -98,11 +101,12 @@ class FedETF(FedAvg):
             )
         etf_gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, ETF_SEED_STREAM))
         proj_gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, PROJ_SEED_STREAM))
+        device = device_of(model)
         return {
             "model": clone_state(model, backbone_keys(model)),
-            "etf": simplex_etf(dim, self.ctx.num_classes, etf_gen),
-            "proj": init_projection(feature_dim, dim, proj_gen),
-            "scale": torch.tensor(float(self.scale_init)),
+            "etf": simplex_etf(dim, self.ctx.num_classes, etf_gen).to(device),
+            "proj": {k: v.to(device) for k, v in init_projection(feature_dim, dim, proj_gen).items()},
+            "scale": torch.tensor(float(self.scale_init), device=device),
         }
 
     def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:

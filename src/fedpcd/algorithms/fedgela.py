@@ -80,6 +80,7 @@ from fedpcd.algorithms.base import (
     ClientData,
     backbone_parameters,
     clone_state,
+    device_of,
     load_backbone,
     weighted_average,
 )
@@ -99,7 +100,8 @@ StateDict = dict[str, Tensor]
 
 def simplex_etf(dim: int, num_classes: int, generator: torch.Generator) -> Tensor:
     """M = sqrt(C/(C-1)) U (I - 11^T/C), U in R^{d x C} orthonormal (spec 2.1): unit columns, pairwise cosine
-    -1/(C-1), columns summing to 0, rank C-1. U is the reduced QR of a Uniform[0,1) matrix (as the code)."""
+    -1/(C-1), columns summing to 0, rank C-1. U is the reduced QR of a Uniform[0,1) matrix (as the code),
+    computed on the generator's device."""
     if num_classes < 2:
         raise UserError(f"FedGELA's simplex ETF needs at least 2 classes, got {num_classes}")
     if dim < num_classes:
@@ -109,7 +111,7 @@ def simplex_etf(dim: int, num_classes: int, generator: torch.Generator) -> Tenso
         )
     a = torch.rand(dim, num_classes, generator=generator, dtype=torch.float64)
     u, _ = torch.linalg.qr(a, mode="reduced")
-    centre = torch.eye(num_classes, dtype=torch.float64) - 1.0 / num_classes
+    centre = torch.eye(num_classes, dtype=torch.float64, device=a.device) - 1.0 / num_classes
     return (math.sqrt(num_classes / (num_classes - 1)) * u @ centre).to(torch.float32)
 
 
@@ -125,9 +127,15 @@ def adaptation(label_counts: Tensor, q: str = "x") -> Tensor:
     num_classes = counts.numel()
     total = counts.sum()
     if total <= 0:
-        return torch.ones(num_classes)
+        return torch.ones(num_classes, device=counts.device)
     v = Q_FUNCTIONS[q](counts / total)
     return (num_classes * v / v.sum()).to(torch.float32)
+
+
+def no_adaptation(label_counts: Tensor) -> tuple[Tensor, Tensor]:
+    """(phi, present) = (1, all classes) on ``label_counts``' device: the plain ETF (FedGE, empty clients)."""
+    n, device = label_counts.numel(), label_counts.device
+    return torch.ones(n, device=device), torch.ones(n, dtype=torch.bool, device=device)
 
 
 @ALGORITHMS.register("fedgela")
@@ -155,7 +163,7 @@ class FedGELA(FedAvg):
     def local_adaptation(self, label_counts: Tensor) -> tuple[Tensor, Tensor]:
         """(phi_k, present_k): the column scales of the personal ETF and the mask of classes in C_k."""
         if int(label_counts.sum()) == 0:  # empty client: no local information
-            return torch.ones(label_counts.numel()), torch.ones(label_counts.numel(), dtype=torch.bool)
+            return no_adaptation(label_counts)
         return adaptation(label_counts, self.q), label_counts > 0
 
     def etf_dim(self, model: nn.Module) -> int:
@@ -165,7 +173,8 @@ class FedGELA(FedAvg):
 
     def init_projection(self, feature_dim: int, dim: int, generator: torch.Generator) -> StateDict:
         """Initial projection / BatchNorm tensors (empty for projection=none with normalize=l2). Linear layers
-        use torch's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)) init, BatchNorm weight 1, bias 0."""
+        use torch's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)) init, BatchNorm weight 1, bias 0; all on the
+        generator's device."""
 
         def linear(prefix: str, fan_in: int, fan_out: int) -> StateDict:
             bound = 1.0 / math.sqrt(fan_in)
@@ -182,10 +191,10 @@ class FedGELA(FedAvg):
         if self.normalize in ("bn", "bn_l2"):
             out.update(
                 {
-                    "bn.weight": torch.ones(dim),
-                    "bn.bias": torch.zeros(dim),
-                    "bn.running_mean": torch.zeros(dim),
-                    "bn.running_var": torch.ones(dim),
+                    "bn.weight": torch.ones(dim, device=generator.device),
+                    "bn.bias": torch.zeros(dim, device=generator.device),
+                    "bn.running_mean": torch.zeros(dim, device=generator.device),
+                    "bn.running_var": torch.ones(dim, device=generator.device),
                 }
             )
         return out
@@ -224,16 +233,19 @@ class FedGELA(FedAvg):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """The backbone (no head), the ETF M (d x C) and the projection / BN tensors, all seeded."""
+        """The backbone (no head), the ETF M (d x C) and the projection / BN tensors, all seeded (drawn on the
+        CPU, the same on every device) and kept on the model's device."""
         dim = self.etf_dim(model)
         etf = simplex_etf(
             dim, self.ctx.num_classes, torch.Generator().manual_seed(derive_seed(self.ctx.seed, ETF_STREAM))
         )
         proj_gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, PROJ_STREAM))
+        proj = self.init_projection(int(model.feature_dim), dim, proj_gen)
+        device = device_of(model)
         return {
             "model": clone_state(model, backbone_keys(model)),
-            "etf": etf,
-            "proj": self.init_projection(int(model.feature_dim), dim, proj_gen),
+            "etf": etf.to(device),
+            "proj": {k: v.to(device) for k, v in proj.items()},
         }
 
     def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
@@ -366,5 +378,4 @@ class FedGE(FedGELA):
     vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
 
     def local_adaptation(self, label_counts: Tensor) -> tuple[Tensor, Tensor]:
-        n = label_counts.numel()
-        return torch.ones(n), torch.ones(n, dtype=torch.bool)
+        return no_adaptation(label_counts)

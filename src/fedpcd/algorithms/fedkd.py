@@ -60,6 +60,7 @@ from fedpcd.algorithms.base import (
     Context,
     StateDict,
     clone_state,
+    device_of,
     reply_weights,
     weighted_average,
 )
@@ -178,7 +179,8 @@ class FedKD(SharedModelMethod):
     # ----- client -----
     def load_projection(self, model: nn.Module, state: Any) -> None:
         """Point ``map_hidden`` at this client's W^h (student width -> teacher width): from the client state,
-        the identity at first; the identity map itself without ``hidden_projection``."""
+        the identity at first; the identity map itself without ``hidden_projection``. On the model's device
+        (built on the CPU first: the global RNG advances alike on every device)."""
         d_s, d_t = int(self.shared.feature_dim), int(model.feature_dim)
         if not self.hidden_projection:
             if d_s != d_t:
@@ -188,9 +190,11 @@ class FedKD(SharedModelMethod):
                 )
             return
         if not isinstance(self.map_hidden, nn.Linear) or self.map_hidden.weight.shape != (d_t, d_s):
-            self.map_hidden = nn.Linear(d_s, d_t, bias=False)
+            self.map_hidden = nn.Linear(d_s, d_t, bias=False).to(device_of(model))
+        weight = self.map_hidden.weight
+        initial = state["projection"] if state is not None else torch.eye(d_t, d_s, device=weight.device)
         with torch.no_grad():
-            self.map_hidden.weight.copy_(state["projection"] if state is not None else torch.eye(d_t, d_s))
+            weight.copy_(initial)
 
     def local_update(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator

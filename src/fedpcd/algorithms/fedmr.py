@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply, device_of
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 from fedpcd.utils import derive_seed
 
@@ -116,7 +116,7 @@ def inter_class_loss(
     mask = negatives[y]  # [B, C]
     hinge = torch.relu(own - dist) * mask
     counts = torch.bincount(y, minlength=num_classes).to(z.dtype)
-    per_class = torch.zeros(num_classes, num_classes, dtype=z.dtype).index_add(0, y, hinge)
+    per_class = torch.zeros(num_classes, num_classes, dtype=z.dtype, device=z.device).index_add(0, y, hinge)
     present = counts > 0
     pairs = negatives & present[:, None]
     if not bool(pairs.any()):
@@ -189,7 +189,7 @@ def negative_mask(known: Tensor, local: Tensor | None, mode: Literal["local", "a
         raise ValueError('inter negatives "local" need the client\'s classes')
     allowed = known if mode == "all" else known & local
     c = known.shape[0]
-    return known[:, None] & allowed[None, :] & ~torch.eye(c, dtype=torch.bool)
+    return known[:, None] & allowed[None, :] & ~torch.eye(c, dtype=torch.bool, device=known.device)
 
 
 # ----- the algorithm ---------------------------------------------------------------------------------------
@@ -229,17 +229,18 @@ class FedMR(FedAvg):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """FedAvg's state plus prototypes (C x d zeros, none known yet) and the fixed submitter mask."""
+        """FedAvg's state plus prototypes (C x d zeros, none known yet) and the fixed submitter mask (drawn on
+        the CPU, the same on every device), on the model's device."""
         server = super().init_server(model)
         if not self.uses_prototypes:
             return server
-        c, k = self.ctx.num_classes, self.ctx.num_clients
-        server["prototypes"] = torch.zeros(c, int(model.feature_dim))
-        server["known"] = torch.zeros(c, dtype=torch.bool)
+        c, k, device = self.ctx.num_classes, self.ctx.num_clients, device_of(model)
+        server["prototypes"] = torch.zeros(c, int(model.feature_dim), device=device)
+        server["known"] = torch.zeros(c, dtype=torch.bool, device=device)
         m = min(k, max(1, round(self.submit_fraction * k)))
         g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, SUBMITTER_STREAM))
-        submitters = torch.zeros(k, dtype=torch.bool)
-        submitters[torch.randperm(k, generator=g)[:m]] = True
+        submitters = torch.zeros(k, dtype=torch.bool, device=device)
+        submitters[torch.randperm(k, generator=g)[:m].to(device)] = True
         server["submitters"] = submitters
         return server
 

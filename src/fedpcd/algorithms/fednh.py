@@ -30,6 +30,7 @@ from fedpcd.algorithms.base import (
     ClientData,
     backbone_parameters,
     clone_state,
+    device_of,
     load_backbone,
     weighted_average,
 )
@@ -58,14 +59,14 @@ def simplex_prototypes(num_classes: int, dim: int, generator: torch.Generator) -
 
     Rows of E = I - 11^T/C, normalised, have pairwise cosine -1/(C-1); they span the (C-1)-dim subspace
     orthogonal to 1. With U an orthonormal basis of that subspace and Q (dim x (C-1)) random orthonormal
-    columns, W = normalize(E) U Q^T keeps every inner product and lives in R^dim.
+    columns, W = normalize(E) U Q^T keeps every inner product and lives in R^dim. On the generator's device.
     """
     c = num_classes
     if dim < c - 1:
         raise ValueError(f"a regular simplex of {c} vertices needs dim >= {c - 1}, got {dim}")
     if c == 1:
         return F.normalize(torch.randn(1, dim, generator=generator, dtype=torch.float64)).float()
-    e = torch.eye(c, dtype=torch.float64) - 1.0 / c
+    e = torch.eye(c, dtype=torch.float64, device=generator.device) - 1.0 / c
     e = e / e.norm(dim=1, keepdim=True)
     u = torch.linalg.svd(e).U[:, : c - 1]  # E is a rank C-1 projection: its top C-1 singular vectors
     w = (e @ u) @ _orthonormal_columns(dim, c - 1, generator).T
@@ -95,7 +96,7 @@ def optimized_prototypes(
         return F.normalize(torch.randn(1, dim, generator=generator, dtype=torch.float64)).float()
     v = torch.randn(c, dim, generator=generator, dtype=torch.float64).requires_grad_(True)
     opt = torch.optim.Adam([v], lr=lr)
-    iu = torch.triu_indices(c, c, offset=1)
+    iu = torch.triu_indices(c, c, offset=1, device=v.device)
     for step in range(steps):
         progress = step / max(steps - 1, 1)
         t = 10.0 * 1000.0**progress
@@ -112,7 +113,8 @@ def optimized_prototypes(
 
 
 def init_prototypes(method: str, num_classes: int, dim: int, seed: int) -> Tensor:
-    """W^0 (C x dim, unit rows) by ``method``; the same seed gives the same W^0 everywhere."""
+    """W^0 (C x dim, unit rows) by ``method``; the same seed gives the same W^0 everywhere (computed on the
+    CPU: the caller moves it to its device)."""
     g = torch.Generator().manual_seed(seed)
     if method == "simplex":
         if dim >= num_classes - 1:
@@ -156,8 +158,8 @@ def class_feature_means(
     """
     was_training = model.training
     model.eval()
-    sums = torch.zeros(data.num_classes, model.feature_dim)
-    counts = torch.zeros(data.num_classes, dtype=torch.long)
+    sums = torch.zeros(data.num_classes, model.feature_dim, device=data.x.device)
+    counts = torch.zeros(data.num_classes, dtype=torch.long, device=data.x.device)
     if augmented:
         if rng is None:
             raise ValueError("augmented class means need the client's generator")
@@ -203,14 +205,16 @@ class FedNH(FedAvg):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """Body from the seeded model, P^0 (spec 2.2) from the run seed, s^0 = ``scale_init``."""
+        """Body from the seeded model, P^0 (spec 2.2) from the run seed, s^0 = ``scale_init``; on the model's
+        device."""
         prototypes = init_prototypes(
             self.init, self.ctx.num_classes, model.feature_dim, derive_seed(self.ctx.seed, PROTOTYPE_STREAM)
         )
+        device = device_of(model)
         return {
             "model": clone_state(model, backbone_keys(model)),
-            "prototypes": prototypes,
-            "scale": torch.tensor(float(self.scale_init)),
+            "prototypes": prototypes.to(device),
+            "scale": torch.tensor(float(self.scale_init), device=device),
         }
 
     def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
@@ -239,7 +243,7 @@ class FedNH(FedAvg):
             return prototypes
         num_classes = prototypes.shape[0]
         agg = torch.zeros_like(prototypes, dtype=torch.float64)
-        counts = torch.zeros(num_classes, dtype=torch.float64)
+        counts = torch.zeros(num_classes, dtype=torch.float64, device=prototypes.device)
         for r in replies:
             cls, means = r["classes"], r["class_means"].double()
             if self.proto_weighting == "count_code":
@@ -248,7 +252,7 @@ class FedNH(FedAvg):
                 counts.index_add_(0, cls, n)
             else:
                 agg.index_add_(0, cls, means / len(replies))
-                counts.index_add_(0, cls, torch.ones(len(cls), dtype=torch.float64))
+                counts.index_add_(0, cls, torch.ones(len(cls), dtype=torch.float64, device=cls.device))
         held = counts > 0
         if self.proto_weighting == "count_code":
             agg[held] = F.normalize(agg[held] / counts[held, None], dim=1, eps=EPS)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ from fedpcd.algorithms.base import (
     param_names,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 
 
 def effective_steps(tau: int, rho: float) -> float:
@@ -51,16 +51,23 @@ class FedNova(FedAvg):
     # experiments and by the official code); False: a_i = tau_i (plain-SGD normalisation, ignores momentum).
     momentum_aware: bool = True
 
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
     ) -> tuple[Reply, Any]:
-        """FedAvg's local training, then the normalised update d_i = (x - y_i) / ||a_i||_1 of the parameters.
+        """After FedAvg's local training: the normalised update d_i = (x - y_i) / ||a_i||_1 of the parameters.
 
         tau_i = ceil(n_i / B) E steps. The client normalises (it knows which keys are parameters), as the
         official code does; the reply carries d_i, ||a_i||_1 and the buffers, so bytes equal FedAvg's.
         """
-        self.load_payload(model, payload, state)
-        loss = self.train(model, data, payload, state, rng)
         rho = self.ctx.local.momentum if self.momentum_aware else 0.0
         a_norm = effective_steps(local_steps(data.num_samples, self.ctx.local), rho)
         params = set(param_names(model))
@@ -73,7 +80,7 @@ class FedNova(FedAvg):
             "num_samples": data.num_samples,
             "train_loss": loss,
         }
-        return reply, state
+        return reply, work.state
 
     def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
         """x <- x - tau_eff sum_i p_i d_i; tau_eff = sum_i p_i ||a_i||_1; p_i = n_i / sum_S n_j."""

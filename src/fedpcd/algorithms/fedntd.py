@@ -11,13 +11,13 @@ classes. With the not-true softmax over c != y,
 (KL from the global model's not-true distribution to the local one), averaged over the batch as the official
 code's ``KLDivLoss(reduction="batchmean")``, without a tau^2 factor (neither the paper's loss nor the code
 has one). The teacher's logits come from the payload weights through a functional forward (eval mode, no
-gradient; ``moon.frozen_forward``). The server is FedAvg's. beta = 0 is FedAvg.
+gradient; ``base.frozen_forward``). The server is FedAvg's. beta = 0 is FedAvg.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +29,11 @@ from fedpcd.algorithms.fedavg import FedAvg, Payload
 
 
 def not_true_logits(logits: Tensor, y: Tensor) -> Tensor:
-    """The C-1 logits of the classes other than y, in class order (shape [B, C-1])."""
-    b, c = logits.shape
-    keep = torch.ones(b, c, dtype=torch.bool, device=logits.device)
-    keep[torch.arange(b, device=logits.device), y] = False
-    return logits[keep].view(b, c - 1)
+    """The C-1 logits of the classes other than y, in class order (shape [B, C-1]): column j holds class
+    j + (j >= y), a gather of fixed shape (vmap-traceable)."""
+    c = logits.shape[-1]
+    j = torch.arange(c - 1, device=logits.device)
+    return logits.gather(-1, j + (j >= y[..., None]).long())
 
 
 def ntd_loss(logits: Tensor, teacher_logits: Tensor, y: Tensor, tau: float) -> Tensor:
@@ -51,6 +51,9 @@ class FedNTD(FedAvg):
     # beta and tau: the official config (config/fedntd.json: tau 1, beta 1), the values of the paper's runs.
     beta: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
+
+    # covered by the vectorized executor (engine/vectorized.py); the teacher forward is vmapped with the rest
+    vector_attrs: ClassVar[tuple[str, ...]] = ()
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
         """CE + beta * L_NTD against the received global model."""

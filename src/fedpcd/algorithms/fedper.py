@@ -5,7 +5,8 @@ last linear layer ("personalization layer") never leaves the client (Sec. 3, Alg
 
 This module also holds what the split-model baselines share (:class:`SplitModel`): which state keys are
 private, the private part kept as the client state and initialised on the client. FedRep,
-FedBABU, LG-FedAvg and Local subclass it and only name their private keys or change the training.
+FedBABU, LG-FedAvg and Local subclass it and only name their private keys or change the training (``fit``,
+FedAvg's hook: the shared loop unless overridden).
 
 Protocol details (the library's, documented per spec):
 
@@ -21,13 +22,13 @@ Protocol details (the library's, documented per spec):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, StateDict, clone_state
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.models import head_keys
 
 
@@ -57,13 +58,27 @@ class SplitModel(FedAvg):
         return model
 
     # ----- client -----
-    def local_update(
+    # FedAvg's ``local_update``: ``begin_local`` (shared + personal part), ``fit``, ``end_local`` (reply,
+    # state, ``personalise``).
+    def begin_local(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Load shared + personal part, ``fit``, reply with the shared part, keep the private part."""
+    ) -> LocalWork:
+        """Load the shared part and the personal part; ``fit`` and the loss see the personal part as state."""
         private = self.personal_part(model, state)
         self.load_payload(model, payload, private)
-        loss = self.fit(model, data, payload, private, rng)
+        return LocalWork(payload, private)
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
+    ) -> tuple[Reply, Any]:
+        """Reply with the shared part, keep the private part, then ``personalise`` the model."""
         reply = {
             "model": clone_state(model, self.shared_keys(model)),
             "num_samples": data.num_samples,
@@ -81,12 +96,6 @@ class SplitModel(FedAvg):
         """Shared part from the payload, private part from ``state`` (strict: together they are the model)."""
         model.load_state_dict({**payload["model"], **state})
 
-    def fit(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> float:
-        """Local training of one round (FedPer: the shared loop on all parameters); the mean loss."""
-        return self.train(model, data, payload, state, rng)
-
     def personalise(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
     ) -> None:
@@ -97,3 +106,5 @@ class SplitModel(FedAvg):
 @dataclass
 class FedPer(SplitModel):
     """FedPer: joint local training, the body is averaged, the last linear layer stays private."""
+
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply, device_of
 from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
 
 
@@ -57,10 +57,12 @@ class FedProc(FedAvg):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """FedAvg's state plus empty prototypes (C x d zeros) and the mask of classes that have one."""
+        """FedAvg's state plus empty prototypes (C x d zeros) and the mask of classes that have one, on the
+        model's device."""
         server = super().init_server(model)
-        server["prototypes"] = torch.zeros(self.ctx.num_classes, int(model.feature_dim))
-        server["known"] = torch.zeros(self.ctx.num_classes, dtype=torch.bool)
+        c, device = self.ctx.num_classes, device_of(model)
+        server["prototypes"] = torch.zeros(c, int(model.feature_dim), device=device)
+        server["known"] = torch.zeros(c, dtype=torch.bool, device=device)
         return server
 
     def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:

@@ -51,6 +51,7 @@ from fedpcd.algorithms.base import (
     aggregate_prototypes,
     class_means_reply,
     clone_state,
+    device_of,
 )
 from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
 from fedpcd.errors import UserError
@@ -152,12 +153,17 @@ class FedProto(ClassMeanExchange):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """C x d global prototypes and the mask of classes that have one (``init``)."""
-        c, d = self.ctx.num_classes, int(model.feature_dim)
+        """C x d global prototypes and the mask of classes that have one (``init``; uniform ones are drawn on
+        the CPU, the same on every device), on the model's device."""
+        c, d, device = self.ctx.num_classes, int(model.feature_dim), device_of(model)
         if self.init == "uniform":
             g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, PROTOTYPE_STREAM))
-            return {"prototypes": torch.rand(c, d, generator=g), "known": torch.ones(c, dtype=torch.bool)}
-        return {"prototypes": torch.zeros(c, d), "known": torch.zeros(c, dtype=torch.bool)}
+            prototypes = torch.rand(c, d, generator=g).to(device)
+            return {"prototypes": prototypes, "known": torch.ones(c, dtype=torch.bool, device=device)}
+        return {
+            "prototypes": torch.zeros(c, d, device=device),
+            "known": torch.zeros(c, dtype=torch.bool, device=device),
+        }
 
     # ----- client -----
     def check_payload(self, model: nn.Module, data: ClientData, payload: Payload) -> None:

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, class_means_reply
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, class_means_reply, device_of
 from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
 
 U_MIN = 1e-6  # clamp of the U normaliser (spec 2.3)
@@ -182,13 +182,14 @@ class FedSC(FedAvg):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """FedAvg's state plus an empty relational bank [0, d], consistent prototypes O [C, d], their mask."""
+        """FedAvg's state plus an empty relational bank [0, d], consistent prototypes O [C, d], their mask; on
+        the model's device."""
         server = super().init_server(model)
-        d, c = int(model.feature_dim), self.ctx.num_classes
-        server["bank"] = torch.zeros(0, d)
-        server["bank_labels"] = torch.zeros(0, dtype=torch.long)
-        server["consistent"] = torch.zeros(c, d)
-        server["known"] = torch.zeros(c, dtype=torch.bool)
+        d, c, device = int(model.feature_dim), self.ctx.num_classes, device_of(model)
+        server["bank"] = torch.zeros(0, d, device=device)
+        server["bank_labels"] = torch.zeros(0, dtype=torch.long, device=device)
+        server["consistent"] = torch.zeros(c, d, device=device)
+        server["known"] = torch.zeros(c, dtype=torch.bool, device=device)
         return server
 
     def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
@@ -203,20 +204,23 @@ class FedSC(FedAvg):
         return server
 
     def build_prototypes(self, replies: Sequence[Reply], shape: torch.Size) -> dict[str, Tensor]:
-        """The bank (R, labels), O and the mask of classes with prototypes, from the replies' c_k^j, n_k^j."""
+        """The bank (R, labels), O and the mask of classes with prototypes, from the replies' c_k^j, n_k^j; on
+        the replies' device."""
         num_classes, dim = shape
-        counts = torch.zeros(len(replies), num_classes, dtype=torch.float64)
-        protos = torch.zeros(len(replies), num_classes, dim, dtype=torch.float64)
+        device = replies[0]["class_means"].device
+        f64 = {"dtype": torch.float64, "device": device}
+        counts = torch.zeros(len(replies), num_classes, **f64)
+        protos = torch.zeros(len(replies), num_classes, dim, **f64)
         for k, r in enumerate(replies):
             counts[k, r["classes"]] = r["class_counts"].double()
             protos[k, r["classes"]] = r["class_means"].double()
         held = counts > 0
-        n_k = torch.tensor([float(r["num_samples"]) for r in replies], dtype=torch.float64)
+        n_k = torch.tensor([float(r["num_samples"]) for r in replies], **f64)
         e = discrepancy_weights(n_k, discrepancy(counts))
         m = 0 if self.compat_official else self.num_neighbors
         bank_rows: list[Tensor] = []
         bank_labels: list[Tensor] = []
-        consistent = torch.zeros(num_classes, dim, dtype=torch.float64)
+        consistent = torch.zeros(num_classes, dim, **f64)
         for j in range(num_classes):
             holders = torch.nonzero(held[:, j]).flatten()
             if len(holders) == 0:
@@ -227,12 +231,12 @@ class FedSC(FedAvg):
             else:
                 consistent[j] = consistent_prototype(rel, e[holders])
             bank_rows.append(rel)
-            bank_labels.append(torch.full((len(holders),), j, dtype=torch.long))
+            bank_labels.append(torch.full((len(holders),), j, dtype=torch.long, device=device))
         if bank_rows:
             bank = torch.cat(bank_rows).float()
             labels = torch.cat(bank_labels)
         else:
-            bank, labels = torch.zeros(0, dim), torch.zeros(0, dtype=torch.long)
+            bank, labels = torch.zeros(0, dim, device=device), torch.zeros(0, dtype=torch.long, device=device)
         return {
             "bank": bank,
             "bank_labels": labels,
@@ -253,8 +257,8 @@ class FedSC(FedAvg):
             batches_per_epoch = math.ceil(data.num_samples / self.ctx.local.batch_size)
             self._collect_from = (self.ctx.local.epochs - 1) * batches_per_epoch
             self._step = 0
-            self._sums = torch.zeros(data.num_classes, int(model.feature_dim))
-            self._counts = torch.zeros(data.num_classes, dtype=torch.long)
+            self._sums = torch.zeros(data.num_classes, int(model.feature_dim), device=data.x.device)
+            self._counts = torch.zeros(data.num_classes, dtype=torch.long, device=data.x.device)
         reply, state = super().local_update(model, data, payload, state, rng)
         if self.compat_official:
             classes = torch.nonzero(self._counts > 0).flatten()
@@ -281,7 +285,7 @@ class FedSC(FedAvg):
         if not bool(valid.any()):
             return loss
         zv, yv = z[valid], y[valid]
-        extra = torch.zeros((), dtype=z.dtype)
+        extra = torch.zeros((), dtype=z.dtype, device=z.device)
         if self.rpcl_weight > 0.0:
             u = u_normaliser(z, bank) if self.use_u else None
             extra = extra + self.rpcl_weight * rpcl_loss(zv, yv, bank, bank_labels, self.tau, u).sum()
@@ -292,7 +296,7 @@ class FedSC(FedAvg):
     # ----- helpers -----
     def _official_terms(self, z: Tensor, y: Tensor, bank: Tensor, bank_labels: Tensor) -> Tensor:
         """[C]'s extra loss: the self-positive contrastive term plus mse(z, z.detach()) (= 0)."""
-        extra = torch.zeros((), dtype=z.dtype)
+        extra = torch.zeros((), dtype=z.dtype, device=z.device)
         if self.rpcl_weight > 0.0:
             extra = extra + self.rpcl_weight * official_rpcl_loss(z, y, bank, bank_labels, self.tau).mean()
         if self.cpdr_weight > 0.0:

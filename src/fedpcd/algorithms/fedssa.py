@@ -63,11 +63,11 @@ def per_class_mean(
     """Eq. (3): each row s becomes the unweighted mean of the uploaded rows of class s; rows nobody
     uploaded keep their value. ``uploads``: (class ids, weight rows, bias rows) per client."""
     sum_w, sum_b = torch.zeros_like(weight), torch.zeros_like(bias)
-    count = torch.zeros(len(bias), dtype=weight.dtype)
+    count = torch.zeros(len(bias), dtype=weight.dtype, device=weight.device)
     for classes, w, b in uploads:
         sum_w.index_add_(0, classes, w)
         sum_b.index_add_(0, classes, b)
-        count.index_add_(0, classes, torch.ones(len(classes), dtype=weight.dtype))
+        count.index_add_(0, classes, torch.ones(len(classes), dtype=weight.dtype, device=weight.device))
     held = count > 0
     new_w, new_b = weight.clone(), bias.clone()
     new_w[held] = sum_w[held] / count[held, None]
@@ -108,14 +108,15 @@ class FedSSA(FedAvg):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """theta^{-1}: the reference model's initial header; no client's classes known yet."""
+        """theta^{-1}: the reference model's initial header; no client's classes known yet (on its device)."""
         n, s = self.ctx.num_clients, self.ctx.num_classes
         head = model.head
+        device = head.weight.device
         server: dict[str, Any] = {
             "weight": head.weight.detach().clone(),
             "bias": head.bias.detach().clone(),
-            "seen": torch.zeros(n, s, dtype=torch.bool),  # S_k as learnt from uploads
-            "known": torch.zeros(n, dtype=torch.bool),
+            "seen": torch.zeros(n, s, dtype=torch.bool, device=device),  # S_k as learnt from uploads
+            "known": torch.zeros(n, dtype=torch.bool, device=device),
         }
         if self.aggregation == "cached_all":
             server["cache_weight"] = server["weight"].expand(n, -1, -1).clone()
@@ -174,7 +175,7 @@ class FedSSA(FedAvg):
         w, b = model.head.weight.detach(), model.head.bias.detach()
         reply: Reply = {"client": data.id, "num_samples": data.num_samples, "train_loss": loss}
         if self.upload == "zero_filled":
-            mask = torch.zeros(len(b), dtype=torch.bool)
+            mask = torch.zeros(len(b), dtype=torch.bool, device=b.device)
             mask[classes] = True
             reply.update(weight=w * mask[:, None], bias=b * mask, mask=mask)
         else:
@@ -191,7 +192,7 @@ class FedSSA(FedAvg):
                 f"got Linear({head.weight.shape[1]} -> {len(head.bias)}); use one feature_dim"
             )
         full = len(gb) == self.ctx.num_classes
-        rows = torch.arange(self.ctx.num_classes) if self.case == "A" else classes
+        rows = torch.arange(self.ctx.num_classes, device=classes.device) if self.case == "A" else classes
         if full:  # the whole header arrived: pick the rows to fuse
             gw, gb = gw[rows], gb[rows]
         mu = self.mu(self.round - 1)

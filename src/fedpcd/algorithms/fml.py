@@ -43,6 +43,7 @@ from fedpcd.algorithms.base import (
     Context,
     Weighting,
     clone_state,
+    device_of,
     reply_weights,
     weighted_average,
 )
@@ -113,11 +114,12 @@ class SharedModelMethod(FedAvg):
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
         """The shared model's seeded initial weights (``model``, client 0's architecture, is not used)."""
-        return {"model": {k: v.clone() for k, v in self.shared_init.items()}}
+        device = device_of(model)
+        return {"model": {k: v.to(device, copy=True) for k, v in self.shared_init.items()}}
 
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
-        """The global shared model (GA)."""
-        self.shared.load_state_dict(server["model"])
+        """The global shared model (GA), on the run's device."""
+        self.shared.to(device_of(model)).load_state_dict(server["model"])
         return self.shared
 
     # ----- client -----
@@ -126,7 +128,7 @@ class SharedModelMethod(FedAvg):
         the received global weights into the shared model."""
         if state is not None:
             model.load_state_dict(state["model"])
-        self.shared.load_state_dict(payload["model"])
+        self.shared.to(device_of(model)).load_state_dict(payload["model"])
         self.shared.train()
 
     def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:

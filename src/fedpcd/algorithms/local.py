@@ -27,6 +27,7 @@ class Local(SplitModel):
     """Local: the whole model is private; the server does nothing."""
 
     heterogeneous: ClassVar[bool] = True
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
 
     def private_keys(self, model: nn.Module) -> list[str]:
         return list(model.state_dict())

@@ -27,7 +27,7 @@ Choices (each documented where it matters):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, frozen_forward
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 
 
 def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> Tensor:
@@ -57,11 +57,22 @@ class MOON(FedAvg):
     # tau of Eq. (3): 0.5, the official code's default (--temperature 0.5) and FedMR's setting.
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.5
 
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    # covered by the vectorized executor (engine/vectorized.py): both frozen forwards are vmapped with the
+    # loss (w^t shared, w_k^{t-1} per client)
+    vector_attrs: ClassVar[tuple[str, ...]] = ()
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
     ) -> tuple[Reply, Any]:
-        """FedAvg's local update; the new local model becomes the client state (w_k^{t-1} of next time)."""
-        reply, _ = super().local_update(model, data, payload, state, rng)
+        """FedAvg's reply; the new local model becomes the client state (w_k^{t-1} of next time)."""
+        reply, _ = super().end_local(model, data, payload, state, rng, work, loss)
         return reply, {"prev": reply["model"]}
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:

@@ -7,11 +7,11 @@ rate, and the client sends (Delta y_i, Delta c_i) = (y_i - x, c_i^+ - c_i). The 
 x <- x + eta_g mean(Delta y_i) and c <- c + (|S|/N) mean(Delta c_i) = c + (1/N) sum_{i in S} Delta c_i.
 
 Differences from FedAvg, all in this file: the payload carries c, the correction (c - c_i) is added to every
-gradient (``before_step``, before weight decay and momentum), the reply carries Delta c_i and the server
-keeps c. With eta_g = 1 the model update is the weighted average of the y_i (x + mean(y_i - x) = mean y_i),
-which is computed as such, so with zero variates the first round equals FedAvg's exactly. Buffers (BatchNorm
-statistics) are averaged as in FedAvg. Peers' known bug (specs/anchors.md section 5): the denominator of
-option II is K * eta_l with K the *total* number of local steps (all epochs), as here.
+gradient (``correct_grads``, before clipping, weight decay and momentum), the reply carries Delta c_i and the
+server keeps c. With eta_g = 1 the model update is the weighted average of the y_i (x + mean(y_i - x) =
+mean y_i), which is computed as such, so with zero variates the first round equals FedAvg's exactly.
+Buffers (BatchNorm statistics) are averaged as in FedAvg. Peers' known bug (specs/anchors.md section 5): the
+denominator of option II is K * eta_l with K the *total* number of local steps (all epochs), as here.
 
 Momentum: Alg. 1 is plain SGD. With heavy-ball momentum beta (the papers' local optimiser here, beta 0.9)
 K steps move the model about K eta_l / (1 - beta) times the mean gradient, so the literal (x - y_i)/(K eta_l)
@@ -26,20 +26,19 @@ it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 from pydantic import Field
-from torch import nn
+from torch import Tensor, nn
 
 from fedpcd.algorithms.base import (
     ALGORITHMS,
     ClientData,
     StateDict,
     Weighting,
-    add_to_grads,
     clone_state,
     local_steps,
     reply_weights,
@@ -47,7 +46,7 @@ from fedpcd.algorithms.base import (
     weighted_average,
     zeros_like_params,
 )
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply, shifted
 
 
 def option_two_control(
@@ -115,15 +114,31 @@ class Scaffold(FedAvg):
         """c_i = 0 (Alg. 1, initialisation)."""
         return {"control": zeros_like_params(model)}
 
-    def local_update(
+    # the gradients get ``self._correction`` = c - c_i per client (vectorized executor, engine/vectorized.py)
+    vector_attrs: ClassVar[tuple[str, ...]] = ("_correction",)
+
+    def begin_local(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Eq. (3)-(4): K corrected SGD steps from x, then option II for c_i; reply (y_i, Delta c_i)."""
+    ) -> LocalWork:
+        """Alg. 1 client: y_i <- x and this client step's correction c - c_i of Eq. (3) (c_i = 0 at first)."""
         state = dict(state) if state is not None else self.init_client_state(model)
-        self.load_payload(model, payload, state)
+        work = super().begin_local(model, data, payload, state, rng)
         # Working state of this client step only (like the reusable model): c - c_i per parameter.
         self._correction = {k: payload["control"][k] - ci for k, ci in state["control"].items()}
-        loss = self.train(model, data, payload, state, rng)
+        return work
+
+    def end_local(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        work: LocalWork,
+        loss: float,
+    ) -> tuple[Reply, Any]:
+        """Eq. (4) option II for c_i after the K corrected steps; reply (y_i, Delta c_i)."""
+        state = work.state
         y = clone_state(model)
         steps, lr = local_steps(data.num_samples, self.ctx.local), round_lr(self.ctx.local, self.round)
         if self.momentum_aware:
@@ -134,6 +149,8 @@ class Scaffold(FedAvg):
         reply = {"model": y, "control_delta": delta, "num_samples": data.num_samples, "train_loss": loss}
         return reply, state
 
-    def before_step(self, model: nn.Module, payload: Payload, state: Any) -> None:
+    def correct_grads(
+        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], payload: Payload, state: Any
+    ) -> dict[str, Tensor]:
         """Eq. (3): g_i(y) -> g_i(y) - c_i + c."""
-        add_to_grads(model, self._correction)
+        return shifted(grads, self._correction)

@@ -1,29 +1,38 @@
 """The vectorized executor (issue 21): the round's clients of one architecture trained at once.
 
 Same numbers as the sequential executor up to float rounding, for every algorithm that declares it is covered
-(``vector_attrs`` in the class's own body: FedAvg, FedProx, FedRS, FedLC, FedMR, FedNH, FedGELA, FedGE). How
-it reproduces ``FedAvg.local_update`` = ``begin_local``; ``train``; ``end_local`` for K clients:
+(``vector_attrs`` in the class's own body: FedAvg, FedProx, FedRS, FedLC, FedMR, FedNH, FedGELA, FedGE,
+SCAFFOLD, FedDyn, FedDC, FedNTD, FedNova, MOON, FedPer, FedBABU, LG-FedAvg, Local, FedAvg-FT) and keeps
+FedAvg's ``local_update``, ``fit``, ``train`` and ``before_step``. How it reproduces ``FedAvg.local_update`` =
+``begin_local``; ``fit`` (the shared ``train`` loop); ``end_local`` for K clients:
 
 - ``begin_local`` runs per client on the reusable model object, as in the sequential executor; the model's
   tensors and the client's working context (the payload and state the loss sees, and the attributes named in
   ``vector_attrs``) are stacked along a leading client dimension. A tensor that is the same object for every
   client (the global model in FedProx's payload, an ETF) is shared instead. Trainable are the tensors
   ``trainable_parameters`` returns (model parameters or context tensors: FedNH's scale, FedGELA's
-  projection); every other model parameter stays as loaded.
+  projection); every other model parameter stays as loaded. Clients whose contexts differ in structure
+  (MOON's previous model, absent at a first participation) or that train different tensors are trained as
+  separate groups.
 - Training is step-synchronous: at step s every client with a batch left takes it from its own stream
   (``ClientData.batches`` with the client's generator, epoch after epoch: the sequential loop's batches and
   augmentation draws). Clients are grouped by batch size (one group at the full batch size; the short last
   batches form small groups), so batch-level losses (FedMR's decorrelation) are exact. Per group,
   ``torch.func.vmap`` over the clients evaluates ``vector_loss`` through ``functional_call`` on a copy of the
-  model (a "twin"), and one backward pass gives every client's gradient.
+  model (a "twin"), and one backward pass gives every client's gradient. A frozen model inside the loss
+  (FedNTD's teacher, MOON's global and previous models: ``base.frozen_forward``) is a nested
+  ``functional_call`` on the twin, vmapped with the rest (shared or per-client weights).
+- ``before_step``'s ``correct_grads`` (SCAFFOLD's c - c_i, FedDyn's and FedDC's regulariser gradients) is
+  vmapped over the clients' stacked gradients, parameters, payloads, states and ``vector_attrs``.
 - The optimiser is ``torch.optim.SGD``'s single-tensor update on stacked tensors, each client its own:
   gradient-norm clipping as ``clip_grad_norm_`` (total norm over the trainable tensors, coefficient
   max / (norm + 1e-6) clamped to 1), g + wd w, momentum buffer b <- m b + g (zero-initialised: the first
   step is b = g, as torch's clone), w <- w - lr b. The mean train loss is accumulated as the loop does.
 - Then each client is re-entered (``begin_local`` again, which must not draw from the generator), the trained
-  tensors are written into the model and the context, and ``end_local`` and the personal evaluation run as
-  in the sequential executor. Client states are committed once the whole round succeeded; anything the
-  executor cannot stack makes the round run sequentially (:func:`train_or_none`).
+  tensors are written into the model and the context, and ``end_local`` (control variates, drifts,
+  FedBABU's and FedAvg-FT's fine-tuning, which stays sequential) and the personal evaluation run as in the
+  sequential executor. Client states are committed once the whole round succeeded; anything the executor
+  cannot stack makes the round run sequentially (:func:`train_or_none`).
 - Personal evaluation is batched: when the personal predictor is the model itself, or the algorithm gives
   ``personal_extra`` / ``personal_logits`` (FedGELA, FedNH), the clients' personal models are stacked and
   vmapped over chunks of the full test set, or of their local test splits padded to the longest
@@ -94,7 +103,7 @@ def blocker(algorithm: FedAvg, fed: Federation, ids: Sequence[int]) -> str | Non
     if reason is not None:
         return reason
     cls = type(algorithm)
-    for hook in ("local_update", "train", "before_step"):
+    for hook in ("local_update", "fit", "train", "before_step"):
         if getattr(cls, hook) is not getattr(FedAvg, hook):
             return f"{cls.__name__} overrides {hook}"
     if len(ids) < 2:
@@ -531,15 +540,24 @@ def _train_chunk(
     new_states: dict[int, Any],
 ) -> list[ClientResult]:
     clients = [_begin(algorithm, fed, server, k, client_states, rnd) for k in ids]
-    first = clients[0]
-    skeleton = _skeleton(first.context)
-    for c in clients[1:]:
-        if _skeleton(c.context) != skeleton:
-            raise Fallback("the clients' loss inputs differ in structure")
-        if c.trainable != first.trainable:
-            raise Fallback("the clients train different tensors")
-    model = fed.model_for(first.k)
-    final, losses = _train_steps(algorithm, model, clients)
+    skeletons = [_skeleton(c.context) for c in clients]
+    # clients whose loss inputs differ in structure (MOON's previous model, absent at a first participation)
+    # or that train different tensors are trained in separate groups
+    groups: list[tuple[tuple[Any, list[str]], list[int]]] = []
+    for j, c in enumerate(clients):
+        key = (skeletons[j], c.trainable)
+        members = next((m for k, m in groups if k == key), None)
+        if members is None:
+            groups.append((key, [j]))
+        else:
+            members.append(j)
+    model = fed.model_for(clients[0].k)
+    final: list[dict[str, Tensor]] = [{} for _ in clients]
+    losses: list[float] = [0.0] * len(clients)
+    for _, members in groups:
+        group_final, group_losses = _train_steps(algorithm, model, [clients[j] for j in members])
+        for j, f, loss in zip(members, group_final, group_losses, strict=True):
+            final[j], losses[j] = f, loss
 
     results = []
     pending: list[Pending] = []
@@ -551,7 +569,7 @@ def _train_chunk(
             model, c.data, c.payload, c.state, torch.Generator().manual_seed(c.rng.initial_seed())
         )
         context = _context(algorithm, work)
-        if _skeleton(context) != skeleton:
+        if _skeleton(context) != skeletons[j]:
             raise Fallback("begin_local gave a different context on re-entry")
         _write_back(model, context, final[j])
         model.train()  # as the shared loop leaves it
@@ -620,17 +638,30 @@ def _train_steps(
     template = first.context
     n_leaves = len(leaf_lists[0])
     model_names = list(first.tensors)
+    param_names = [n for n, _ in model.named_parameters()]
 
-    def client_loss(tr: dict[str, Tensor], per: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+    def enter(tr: dict[str, Tensor], per: dict[str, Tensor]) -> tuple[dict[str, Tensor], Any, Any]:
+        """One client's tensors by key, payload and state (and its ``vector_attrs`` set on the algorithm)."""
         t = {**shared, **per, **tr}
         context = _rebuild(template, iter([t[f"c:{i}"] for i in range(n_leaves)]))
         for attr, value in context["attrs"].items():
             setattr(algorithm, attr, value)
+        return t, context["payload"], context["state"]
+
+    def client_loss(tr: dict[str, Tensor], per: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        t, payload, state = enter(tr, per)
         params = {f"m.{n}": t[f"m:{n}"] for n in model_names}
-        payload, state = context["payload"], context["state"]
         return functional_call(bound, params, (lambda m: algorithm.vector_loss(m, (x, y), payload, state),))
 
+    def client_grads(
+        grads: dict[str, Tensor], tr: dict[str, Tensor], per: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        t, payload, state = enter(tr, per)
+        return algorithm.correct_grads(grads, {n: t[f"m:{n}"] for n in param_names}, payload, state)
+
     batched_loss = vmap(client_loss, in_dims=(0, 0, 0, 0), randomness="error")
+    correcting = type(algorithm).correct_grads is not FedAvg.correct_grads
+    batched_grads = vmap(client_grads, in_dims=(0, 0, 0), randomness="error")
     device = next(iter(trainable.values())).device
 
     # the schedule: client j has steps_j = epochs * ceil(n_j / B) batches; its batch at step s has size_j(s)
@@ -681,6 +712,8 @@ def _train_steps(
                 losses = batched_loss(leaves, per, xs, ys)
                 grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
                 with torch.no_grad():
+                    if correcting:  # before_step's correct_grads, per client
+                        grads = _corrected(batched_grads, list(tr), grads, tr, per)
                     _sgd(list(tr.values()), list(grads), [mom.get(k) for k in tr], lr, momentum, decay, clip)
                     if idx is not None:
                         for src, dst in ((tr, trainable), (per, carried), (mom, momenta)):
@@ -694,6 +727,20 @@ def _train_steps(
             setattr(algorithm, attr, value)
     mean_losses = [float(totals[j]) / max(sizes[j] * epochs, 1) for j in range(n_clients)]
     return final, mean_losses
+
+
+def _corrected(
+    batched: Callable[..., dict[str, Tensor]],
+    keys: list[str],
+    grads: Sequence[Tensor | None],
+    trainable: dict[str, Tensor],
+    carried: dict[str, Tensor],
+) -> list[Tensor | None]:
+    """``grads`` (stacked, in ``keys`` order) after the vmapped ``correct_grads`` (``batched``), which sees
+    the model parameters' gradients by name (those that exist, as ``before_step`` does)."""
+    pairs = list(zip(keys, grads, strict=True))
+    fixed = batched({k[2:]: g for k, g in pairs if g is not None and k.startswith("m:")}, trainable, carried)
+    return [fixed.get(k[2:], g) if g is not None and k.startswith("m:") else g for k, g in pairs]
 
 
 def _sgd(
