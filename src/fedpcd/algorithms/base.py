@@ -177,13 +177,6 @@ def sq_distance(model: nn.Module, reference: Mapping[str, Tensor]) -> Tensor:
     return total
 
 
-def add_to_grads(model: nn.Module, terms: Mapping[str, Tensor]) -> None:
-    """p.grad += terms[name] for every parameter that has a gradient and a term (gradient corrections)."""
-    for name, p in model.named_parameters():
-        if p.grad is not None and name in terms:
-            p.grad.add_(terms[name])
-
-
 def local_steps(num_samples: int, local: LocalTraining) -> int:
     """K = ceil(n_k / B) * E, the number of local SGD steps (the shared loop keeps the last short batch)."""
     return math.ceil(num_samples / local.batch_size) * local.epochs
