@@ -25,6 +25,8 @@ clients 10, 50, 100, all of them or 10 per round; iid partition, every client tr
 sequential >= 0.9; vectorized >= 1.8 with 10 simplecnn clients per round, >= 3 with 50 or more;
 end-to-end >= 1.4 (vectorized; once batched personal evaluation lands): FedAvg, simplecnn, fmnist,
 10 clients x 1200 samples, personal evaluation (``--e2e-test``, default ``split``) and GA every round.
+A last line (simplecnn, not ``--quick``) prints Amdahl's bound for any exact executor: the time of the
+convolution kernels a training step must run against a whole plain step (:func:`convolution_floor`).
 The full benchmark takes ~6-8 minutes on a loaded 2-core machine; ``--quick`` a few seconds.
 
     python benchmarks/speed.py [--quick] [--models simplecnn resnet18] [--clients 10 50 100] [--repeats 3]
@@ -40,7 +42,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -345,6 +347,51 @@ def e2e_row(quick: bool, repeats: int | None, personal_test: str) -> dict[str, A
     return row
 
 
+def _best_ms(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * min(times)
+
+
+def convolution_floor(batch_size: int = 64, repeats: int = 20) -> dict[str, float]:
+    """Amdahl's bound for simplecnn on 1x28x28 inputs: the time of one plain training step (forward, backward,
+    SGD) and of the convolution kernels any exact executor must run in it (both convolutions forward, their
+    weight gradients, the second one's input gradient; each the faster of oneDNN's backward kernel and the
+    convolution-of-input-by-output form), so ``step / convs`` caps the speed-up of any executor that keeps
+    these kernels and removes everything else."""
+    from fedpcd.models import build_model
+
+    model = build_model("simplecnn", 1, 10, 28)
+    x = torch.randn(batch_size, 1, 28, 28)
+    y = torch.randint(0, 10, (batch_size,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    def conv_ms(conv: torch.nn.Conv2d, inp: torch.Tensor, input_grad: bool) -> float:
+        w = conv.weight.detach()
+        out = F.conv2d(inp, w)
+        g = torch.randn_like(out)
+        args = (g, inp, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+        forward = _best_ms(lambda: F.conv2d(inp, w), repeats)
+        onednn = _best_ms(lambda: torch.ops.aten.convolution_backward(*args, [False, True, False]), repeats)
+        as_conv = _best_ms(lambda: F.conv2d(inp.transpose(0, 1), g.transpose(0, 1)), repeats)
+        data = _best_ms(lambda: torch.ops.aten.convolution_backward(*args, [True, False, False]), repeats)
+        return forward + min(onednn, as_conv) + (data if input_grad else 0.0)
+
+    with torch.no_grad():
+        hidden = F.max_pool2d(F.relu(model.conv1(x)), 2)
+    convs = conv_ms(model.conv1, x, False) + conv_ms(model.conv2, hidden, True)
+    return {"step_ms": _best_ms(step, repeats), "conv_ms": convs}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes on synthetic data (a smoke test)")
@@ -388,6 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.e2e_test != "none":
         rows.append(e2e_row(args.quick, args.repeats, args.e2e_test))
         print_row(rows[-1])
+    if "simplecnn" in args.models and not args.quick:
+        step, convs = convolution_floor().values()
+        print(
+            f"\nconvolution floor (simplecnn, batch 64): {convs:.2f} of a {step:.2f} ms plain step; "
+            f"no exact executor on these kernels exceeds {step / convs:.2f}x"
+        )
     ok, misses = check(rows)
     print(f"\npeak RSS {peak_rss_mb():.0f} MB; {time.perf_counter() - t0:.0f} s")
     print(

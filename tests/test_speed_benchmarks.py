@@ -35,6 +35,13 @@ def test_speed_quick_runs_and_reports(tmp_path, capsys):
         assert r["sequential_ratio"] == r["sequential_sps"] / r["plain_sps"]
 
 
+def test_convolution_floor_is_part_of_a_plain_step():
+    """The Amdahl bound's two times: the convolution kernels are strictly less work than the whole step."""
+    floor = _load("speed").convolution_floor(batch_size=16, repeats=5)
+    assert set(floor) == {"step_ms", "conv_ms"}
+    assert 0 < floor["conv_ms"] < floor["step_ms"]
+
+
 def test_speed_targets_logic():
     speed = _load("speed")
     row = {
