@@ -38,11 +38,14 @@ def shifted(grads: Mapping[str, Tensor], terms: Mapping[str, Tensor]) -> dict[st
 
 @dataclass
 class LocalWork:
-    """What one client's training works on, from ``begin_local`` to ``end_local``: the payload and state the
-    ``loss`` sees (with the client's working tensors, e.g. trainable copies or class scales)."""
+    """What one client's local update works on, from ``begin_local`` to ``end_local``: the payload and state
+    the ``loss`` sees (with the client's working tensors, e.g. trainable copies or class scales), the payload
+    as received and the client's generator."""
 
     payload: Payload
     state: Any
+    received: Payload
+    rng: torch.Generator
 
 
 @ALGORITHMS.register("fedavg")
@@ -88,7 +91,7 @@ class FedAvg:
         executor, engine/vectorized.py, runs the middle part for many clients at once)."""
         work = self.begin_local(model, data, payload, state, rng)
         loss = self.fit(model, data, work.payload, work.state, rng)
-        return self.end_local(model, data, payload, state, rng, work, loss)
+        return self.end_local(model, data, work, loss)
 
     # ----- the local update in parts, for the vectorized executor (engine/vectorized.py) -----
     # Per-client working attributes that ``loss`` reads (set by ``begin_local``). Declaring this tuple in a
@@ -104,7 +107,7 @@ class FedAvg:
         Must not draw from ``rng`` (the vectorized executor calls it again after training to re-enter the
         client's working state)."""
         self.load_payload(model, payload, state)
-        return LocalWork(payload, state)
+        return LocalWork(payload, state, payload, rng)
 
     def fit(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
@@ -114,14 +117,7 @@ class FedAvg:
         return self.train(model, data, payload, state, rng)
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """After training (``model`` and ``work`` hold the trained tensors): the reply and the new state."""
         return {"model": clone_state(model), "num_samples": data.num_samples, "train_loss": loss}, work.state

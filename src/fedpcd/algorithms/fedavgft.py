@@ -21,12 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-import torch
 from pydantic import Field
 from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply
 
 
 @ALGORITHMS.register("fedavg_ft")
@@ -44,23 +43,16 @@ class FedAvgFT(FedAvg):
     vector_attrs: ClassVar[tuple[str, ...]] = ()
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """FedAvg's reply, then fine-tune ``model`` in place into the personal model."""
-        reply, state = super().end_local(model, data, payload, state, rng, work, loss)
+        reply, state = super().end_local(model, data, work, loss)
         self.finetune(
             model,
             data,
-            payload,
+            work.received,
             state,
-            rng,
+            work.rng,
             epochs=self.finetune_epochs,
             lr=self.finetune_lr,
             from_global=self.finetune_from == "global",

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-import torch
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -54,18 +53,11 @@ class FedDC(Scaffold):
     vector_attrs: ClassVar[tuple[str, ...]] = ("_correction",)
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """SCAFFOLD's end of the local update on F, then h_i += theta_i - w and the upload theta_i + h_i."""
-        reply, state = super().end_local(model, data, payload, state, rng, work, loss)
-        w, theta = payload["model"], reply["model"]
+        reply, state = super().end_local(model, data, work, loss)
+        w, theta = work.received["model"], reply["model"]
         drift = {k: h + (theta[k] - w[k]) for k, h in state["drift"].items()}
         reply["model"] = {k: v + drift[k] if k in drift else v for k, v in theta.items()}
         state["drift"] = drift

@@ -90,19 +90,12 @@ class FedDyn(FedAvg):
         return work
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """After the regularised training: grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t -
         theta^{t-1})."""
-        reply, state = super().end_local(model, data, payload, state, rng, work, loss)
-        prev, theta = payload["model"], reply["model"]
+        reply, state = super().end_local(model, data, work, loss)
+        prev, theta = work.received["model"], reply["model"]
         state["grad"] = {k: g - self.alpha * (theta[k] - prev[k]) for k, g in state["grad"].items()}
         return reply, state
 

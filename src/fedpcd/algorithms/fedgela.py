@@ -293,17 +293,10 @@ class FedGELA(FedAvg):
             k: v.detach().clone().requires_grad_(not k.startswith("bn.running"))
             for k, v in payload["proj"].items()
         }
-        return LocalWork({**payload, "proj": proj}, {"phi": phi, "present": present})
+        return LocalWork({**payload, "proj": proj}, {"phi": phi, "present": present}, payload, rng)
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """Reply with the trained backbone and projection, without any head weights; keep phi, C_k and the
         trained projection as the client state."""

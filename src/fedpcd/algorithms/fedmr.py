@@ -35,7 +35,7 @@ fraction of the clients (Sec. 4.4, Table 5) = ``submit_fraction``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, ClassVar, Literal
 
 import torch
@@ -278,21 +278,14 @@ class FedMR(FedAvg):
         self._local = data.label_counts > 0
         self._lite_rng = torch.Generator().manual_seed(derive_seed(rng.initial_seed(), LITE_STREAM))
         work = super().begin_local(model, data, payload, state, rng)
-        return LocalWork({k: v for k, v in work.payload.items() if k != "submit"}, work.state)
+        return replace(work, payload={k: v for k, v in work.payload.items() if k != "submit"})
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """FedAvg's reply plus, if a submitter, the class means of the final model (Alg. 1)."""
-        reply, state = super().end_local(model, data, payload, state, rng, work, loss)
-        if self.uses_prototypes and payload.get("submit", False):
+        reply, state = super().end_local(model, data, work, loss)
+        if self.uses_prototypes and work.received.get("submit", False):
             reply.update(class_means_reply(model, data))
         return reply, state
 

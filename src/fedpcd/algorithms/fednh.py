@@ -271,17 +271,10 @@ class FedNH(FedAvg):
     vector_attrs: ClassVar[tuple[str, ...]] = ("_scale",)
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """Alg. 1 line 14-15: the body, s and the class means (3) of the trained body."""
-        classes, counts, means = class_feature_means(model, data, self.means_augmented, rng)
+        classes, counts, means = class_feature_means(model, data, self.means_augmented, work.rng)
         reply: Reply = {
             "model": clone_state(model, backbone_keys(model)),
             "scale": self._scale.detach().clone(),
@@ -294,7 +287,7 @@ class FedNH(FedAvg):
             reply["class_counts"] = counts
         else:  # [P]: the means of Eq. (3) only
             reply["class_means"] = means
-        return reply, state
+        return reply, work.state
 
     def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
         """Load the body; make this client's working scale s (trainable iff ``learn_scale``).

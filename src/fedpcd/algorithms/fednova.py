@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
 from fedpcd.algorithms.base import (
@@ -32,7 +31,7 @@ from fedpcd.algorithms.base import (
     param_names,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply
 
 
 def effective_steps(tau: int, rho: float) -> float:
@@ -54,14 +53,7 @@ class FedNova(FedAvg):
     vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """After FedAvg's local training: the normalised update d_i = (x - y_i) / ||a_i||_1 of the parameters.
 
@@ -72,7 +64,7 @@ class FedNova(FedAvg):
         a_norm = effective_steps(local_steps(data.num_samples, self.ctx.local), rho)
         params = set(param_names(model))
         y = clone_state(model)
-        x = payload["model"]
+        x = work.received["model"]
         reply = {
             "normalized_update": {k: (x[k] - y[k]) / a_norm for k in y if k in params},
             "a_norm": a_norm,

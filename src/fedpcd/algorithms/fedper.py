@@ -66,17 +66,10 @@ class SplitModel(FedAvg):
         """Load the shared part and the personal part; ``fit`` and the loss see the personal part as state."""
         private = self.personal_part(model, state)
         self.load_payload(model, payload, private)
-        return LocalWork(payload, private)
+        return LocalWork(payload, private, payload, rng)
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """Reply with the shared part, keep the private part, then ``personalise`` the model."""
         reply = {
@@ -85,7 +78,7 @@ class SplitModel(FedAvg):
             "train_loss": loss,
         }
         new_state = clone_state(model, self.private_keys(model))
-        self.personalise(model, data, payload, new_state, rng)
+        self.personalise(model, data, work.received, new_state, work.rng)
         return reply, new_state
 
     def personal_part(self, model: nn.Module, state: Any) -> StateDict:

@@ -62,17 +62,10 @@ class MOON(FedAvg):
     vector_attrs: ClassVar[tuple[str, ...]] = ()
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """FedAvg's reply; the new local model becomes the client state (w_k^{t-1} of next time)."""
-        reply, _ = super().end_local(model, data, payload, state, rng, work, loss)
+        reply, _ = super().end_local(model, data, work, loss)
         return reply, {"prev": reply["model"]}
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:

@@ -128,14 +128,7 @@ class Scaffold(FedAvg):
         return work
 
     def end_local(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
-        work: LocalWork,
-        loss: float,
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """Eq. (4) option II for c_i after the K corrected steps; reply (y_i, Delta c_i)."""
         state = work.state
@@ -143,7 +136,9 @@ class Scaffold(FedAvg):
         steps, lr = local_steps(data.num_samples, self.ctx.local), round_lr(self.ctx.local, self.round)
         if self.momentum_aware:
             lr /= 1.0 - self.ctx.local.momentum
-        new_c = option_two_control(state["control"], payload["control"], payload["model"], y, steps, lr)
+        new_c = option_two_control(
+            state["control"], work.received["control"], work.received["model"], y, steps, lr
+        )
         delta = {k: new_c[k] - state["control"][k] for k in new_c}
         state["control"] = new_c
         reply = {"model": y, "control_delta": delta, "num_samples": data.num_samples, "train_loss": loss}

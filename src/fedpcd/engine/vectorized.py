@@ -62,6 +62,7 @@ sequential runs with equivalent loss formulas drift apart the same way).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 import types
@@ -573,7 +574,8 @@ def _train_chunk(
             raise Fallback("begin_local gave a different context on re-entry")
         _write_back(model, context, final[j])
         model.train()  # as the shared loop leaves it
-        reply, state = algorithm.end_local(model, c.data, c.payload, c.state, c.rng, work, losses[j])
+        # end_local goes on with the client's generator where its batches left it, as in the sequential loop
+        reply, state = algorithm.end_local(model, c.data, dataclasses.replace(work, rng=c.rng), losses[j])
         if state is not None:
             new_states[c.k] = state
         metrics = None
