@@ -116,7 +116,7 @@ def plot_counts(counts: np.ndarray, path: str | Path, title: str = "") -> None:
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     heading = f"train samples: {num_clients} clients x {num_classes} classes"
-    ax.set_title(f"{title}: {heading}" if title else heading, fontsize=10)
+    ax.set_title(f"{title}\n{heading}" if title else heading, fontsize=10)  # two lines: fits narrow plots
     for axis, n in ((ax.xaxis, num_classes), (ax.yaxis, num_clients)):
         if n <= 30:
             axis.set_ticks(range(n))
