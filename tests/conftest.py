@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -38,3 +39,19 @@ def tiny_client(labels: torch.Tensor, num_classes: int, seed: int, cid: int = 0,
         local_test_idx=torch.arange(len(labels) if local_test else 0),
         num_classes=num_classes,
     )
+
+
+def run_records(run_dir: Path) -> list[dict]:
+    """A run's metrics.jsonl records without their wall-clock times (which differ between equal runs)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("wall_s")
+    return rows
+
+
+def run_summary(run_dir: Path) -> dict:
+    """A run's summary.json without its wall-clock times."""
+    s = json.loads((run_dir / "summary.json").read_text())
+    s.pop("wall_s")
+    s["final"].pop("wall_s", None)
+    return s

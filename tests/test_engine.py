@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import requires_fmnist
+from conftest import requires_fmnist, run_records
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation, sample_clients
@@ -17,13 +17,6 @@ from fedpcd.errors import UserError
 from fedpcd.utils import derive_seed
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
-
-
-def _records(path):
-    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("wall_s")
-    return rows
 
 
 @pytest.mark.parametrize("lr_decay", [1.0, 0.5])
@@ -72,13 +65,13 @@ def test_same_seed_same_metrics_and_run_dir_files(tmp_path):
     b = load_config(None, args + [f"output_dir={tmp_path / 'b'}"])
     sa = run_experiment(a, progress=False)
     run_experiment(b, progress=False)
-    assert _records(tmp_path / "a") == _records(tmp_path / "b")
+    assert run_records(tmp_path / "a") == run_records(tmp_path / "b")
     for name in ["config.yaml", "partition.json", "metrics.jsonl", "summary.json", "checkpoint/state.pt"]:
         assert (tmp_path / "a" / name).exists()
     part = json.loads((tmp_path / "a" / "partition.json").read_text())
     assert part["num_classes"] == 10 and len(part["clients"]) == 4
     assert all(sum(c > 0 for c in cl["train_counts"]) == 3 for cl in part["clients"])
-    row = _records(tmp_path / "a")[-1]
+    row = run_records(tmp_path / "a")[-1]
     for key in [
         "round",
         "global_acc",
@@ -126,7 +119,7 @@ def test_resume_continues_to_identical_metrics(tmp_path, monkeypatch):
     from fedpcd.engine import resume_run
 
     resume_run(tmp_path / "cut", progress=False)
-    assert _records(tmp_path / "cut") == _records(tmp_path / "full")
+    assert run_records(tmp_path / "cut") == run_records(tmp_path / "full")
 
 
 def test_existing_run_dir_is_not_overwritten(tmp_path):
@@ -145,14 +138,14 @@ def test_partial_participation_is_seeded_without_replacement(tmp_path):
     assert len({tuple(p) for p in picks}) > 1
     cfg = load_config(None, SMALL + ["clients=6", "participation=0.5", "rounds=2", f"output_dir={tmp_path}"])
     run_experiment(cfg, progress=False)
-    rows = _records(tmp_path)
+    rows = run_records(tmp_path)
     assert all(len(r["clients"]) == 3 and r["personal_eval"] == "participants" for r in rows)
 
 
 def test_eval_every_writes_evaluated_rounds_only(tmp_path):
     cfg = load_config(None, SMALL + ["rounds=5", "eval_every=2", f"output_dir={tmp_path}"])
     run_experiment(cfg, progress=False)
-    assert [r["round"] for r in _records(tmp_path)] == [2, 4, 5]
+    assert [r["round"] for r in run_records(tmp_path)] == [2, 4, 5]
 
 
 def test_personal_test_split_evaluates_the_local_split_only(tmp_path):

@@ -37,7 +37,7 @@ from flwr.common.serde import (  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from conftest import requires_fmnist  # noqa: E402
+from conftest import requires_fmnist, run_records, run_summary  # noqa: E402
 from fedpcd.algorithms import ALGORITHMS, FedAvg  # noqa: E402
 from fedpcd.config import load_config  # noqa: E402
 from fedpcd.engine.simulation import run_local  # noqa: E402
@@ -52,24 +52,10 @@ HOME_FLWR_EXISTED = (Path.home() / ".flwr").exists()
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 
 
-def _records(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("wall_s")
-    return rows
-
-
-def _summary(run_dir: Path) -> dict:
-    s = json.loads((run_dir / "summary.json").read_text())
-    s.pop("wall_s")
-    s["final"].pop("wall_s")
-    return s
-
-
 def _assert_same_run(local: Path, flower: Path) -> None:
     """Bitwise-equal metrics (floats compared exactly), summaries, partitions and configs."""
-    assert _records(local) == _records(flower)
-    assert _summary(local) == _summary(flower)
+    assert run_records(local) == run_records(flower)
+    assert run_summary(local) == run_summary(flower)
     assert (local / "partition.json").read_text() == (flower / "partition.json").read_text()
     cl = (local / "config.yaml").read_text().replace("backend: local", "backend: flower")
     assert cl.replace(str(local), "OUT") == (flower / "config.yaml").read_text().replace(str(flower), "OUT")
@@ -186,7 +172,7 @@ def test_strategy_with_per_client_payloads_and_client_state_matches_local(
     grid = InProcessGrid(_nodes(4))
     summary = serve(grid, flower, node_timeout=5)
     _assert_same_run(tmp_path / "local", tmp_path / "flower")
-    assert [r["round"] for r in _records(tmp_path / "flower")] == [2, 3]  # eval_every=2 and the last round
+    assert [r["round"] for r in run_records(tmp_path / "flower")] == [2, 3]  # eval_every=2 and the last round
     assert summary["rounds"] == 3
     # the client states live on the nodes (context.state), identical to the local backend's
     expected = torch.load(tmp_path / "local" / "checkpoint" / "state.pt", weights_only=False)["client_states"]
@@ -196,7 +182,7 @@ def test_strategy_with_per_client_payloads_and_client_state_matches_local(
         assert got["calls"] == want["calls"] and got["none"] is None
         assert torch.equal(got["scale"], want["scale"])
         assert all(torch.equal(got["head"][n], t) for n, t in want["head"].items())
-    sampled = {k for r in _records(tmp_path / "local") for k in r["clients"]}
+    sampled = {k for r in run_records(tmp_path / "local") for k in r["clients"]}
     assert set(expected) <= set(range(4)) and sampled <= set(expected)
     # an incomplete checkpoint (client states are on the nodes) is not written
     assert not (tmp_path / "flower" / "checkpoint" / "state.pt").exists()
@@ -491,7 +477,7 @@ def test_a_failing_clientapp_is_left_out_as_in_the_local_backend(
         load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"]),
     )
     _assert_same_run(tmp_path / "local", tmp_path / "fl")
-    assert _records(tmp_path / "fl")[1]["left_out"] == [2]
+    assert run_records(tmp_path / "fl")[1]["left_out"] == [2]
     assert capsys.readouterr().err.count("warning: round 2: client 2 failed") == 2  # once per backend
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import run_records, run_summary
 from fedpcd.algorithms import ALGORITHMS, FedAvg
 from fedpcd.cli import main
 from fedpcd.config import load_config
@@ -33,20 +34,6 @@ FAST = {
     "fedkd": ["algorithm.shared_model=mlp"],
     "fml": ["algorithm.shared_model=mlp"],
 }
-
-
-def _records(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("wall_s")
-    return rows
-
-
-def _summary(run_dir: Path) -> dict:
-    s = json.loads((run_dir / "summary.json").read_text())
-    s.pop("wall_s")
-    s["final"].pop("wall_s", None)
-    return s
 
 
 def _cfg(tmp_path: Path, name: str, *extra: str):
@@ -118,8 +105,8 @@ def test_sigkill_at_random_moments_then_resume_matches_uninterrupted(tmp_path):
     assert len(kills) >= 2 and max(kills) < 20, kills
     again = ["--resume", str(cut)] if (cut / "config.yaml").exists() else [*args, f"output_dir={cut}"]
     assert main(["run", "--quiet", *again]) == 0
-    assert _records(cut) == _records(tmp_path / "full")
-    assert _summary(cut) == _summary(tmp_path / "full")
+    assert run_records(cut) == run_records(tmp_path / "full")
+    assert run_summary(cut) == run_summary(tmp_path / "full")
     assert not list((cut / "checkpoint").glob(".state.pt.*"))  # no temp file of a killed write is left
 
 
@@ -136,7 +123,7 @@ def test_every_algorithm_checkpoint_loads_weights_only_and_resumes_identically(t
         run_experiment(_cfg(tmp_path, "cut", *args), progress=False)
     assert RunDir(tmp_path / "cut").load_checkpoint()["round"] == 1
     resume_run(tmp_path / "cut", progress=False)
-    assert _records(tmp_path / "cut") == _records(tmp_path / "full")
+    assert run_records(tmp_path / "cut") == run_records(tmp_path / "full")
 
 
 class _Payload:
@@ -176,7 +163,7 @@ def test_killed_before_first_checkpoint_restarts_from_round_0(tmp_path, monkeypa
     assert not RunDir(tmp_path / "cut").checkpoint.exists() and (tmp_path / "cut" / "config.yaml").exists()
     assert run_status(cfg) == "resume"
     resume_run(tmp_path / "cut", progress=False)
-    assert _records(tmp_path / "cut") == _records(tmp_path / "full")
+    assert run_records(tmp_path / "cut") == run_records(tmp_path / "full")
     assert run_status(cfg) == "done"
     # a finished run is not run again by --resume: its summary is returned as it is
     assert resume_run(tmp_path / "cut", progress=False) == json.loads(
@@ -194,7 +181,7 @@ def test_torn_metrics_line_on_resume(tmp_path, monkeypatch):
         fh.write('{"round": 3, "global_acc": 0.1')  # a write cut short by a kill
     assert len(read_records(tmp_path / "cut" / "metrics.jsonl")) == 2  # the torn line is ignored
     resume_run(tmp_path / "cut", progress=False)
-    assert _records(tmp_path / "cut") == _records(tmp_path / "full")
+    assert run_records(tmp_path / "cut") == run_records(tmp_path / "full")
 
 
 def test_corrupt_metrics_line_is_a_user_error(tmp_path):
@@ -272,7 +259,7 @@ def test_on_divergence_drop_leaves_the_update_out_and_goes_on(tmp_path, monkeypa
     cfg = _cfg(tmp_path, "run", "clients=3", "rounds=3", "engine.on_divergence=drop", *SEQ)
     summary = run_experiment(cfg, progress=False)
     assert summary["final"]["round"] == 3
-    rows = _records(tmp_path / "run")
+    rows = run_records(tmp_path / "run")
     assert rows[1]["clients"] == [0, 2] and rows[1]["left_out"] == [1]
     assert "left_out" not in rows[0] and "left_out" not in rows[2]
     assert "round 2: client(s) 1 (non-finite model/" in capsys.readouterr().err
@@ -304,7 +291,7 @@ def test_client_exception_is_left_out_with_a_warning(tmp_path, monkeypatch, caps
     assert summary["final"]["round"] == 3
     err = capsys.readouterr().err
     assert "warning: round 2: client 1 failed (ValueError: injected failure)" in err
-    rows = _records(tmp_path / "run")
+    rows = run_records(tmp_path / "run")
     assert rows[1]["clients"] == [0, 2] and rows[1]["left_out"] == [1]
 
 
