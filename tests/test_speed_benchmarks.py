@@ -29,7 +29,9 @@ def test_speed_quick_runs_and_reports(tmp_path, capsys):
     data = json.loads(out.read_text())
     rows = data["rows"]
     assert {r["model"] for r in rows} == {"simplecnn", "resnet18"}
-    assert any(r.get("e2e") for r in rows)
+    e2e = [r for r in rows if r.get("e2e")]
+    assert len(e2e) == 1 and "against a plain loop that also evaluates:" in text
+    assert e2e[0]["sequential_ratio_eval"] > e2e[0]["sequential_ratio"] > 0  # the plain loop pays too
     for r in rows:
         assert r["plain_sps"] > 0 and r["sequential_sps"] > 0 and r["peak_rss_mb"] > 0
         assert r["sequential_ratio"] == r["sequential_sps"] / r["plain_sps"]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fedpcd.engine.vectorized as vec
+from fedpcd.algorithms.fedclassavg import supcon_loss
 from fedpcd.algorithms.fedmr import (
     inter_class_loss,
     inter_class_loss_masked,
@@ -19,6 +20,8 @@ from fedpcd.algorithms.fedmr import (
     intra_class_loss_masked,
     negative_mask,
 )
+from fedpcd.algorithms.fedproc import prototype_contrastive_loss
+from fedpcd.algorithms.fedsc import rpcl_loss
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.executor import train_clients, train_sequential
@@ -115,6 +118,15 @@ COVERED = {
     "lgfedavg": [],
     "local": [],
     "fedavg_ft": ["algorithm.finetune_epochs=1"],
+    "fedproto": [],
+    "fd": ["algorithm.distill=kl", "personal_test=split"],
+    "fedrod": [],
+    "fedetf": ["algorithm.finetune_rounds=1"],
+    "fedproc": ["algorithm.weight=0.1"],
+    "fedclassavg": [],
+    "fedssa": ["algorithm.t_stable=2"],  # Eq. 4 fusion in round 2, plain in later ones
+    "fedsc": ["algorithm.cpdr_weight=0.01"],  # round 2 trains against round 1's prototypes
+    "creff": [],
 }
 
 
@@ -161,6 +173,8 @@ def test_where_the_vectorized_executor_applies_and_auto_stays_sequential(monkeyp
     assert "not covered" in vec.blocker(ditto, ditto_fed, [0, 1])
     lite_fed, lite = _federation("algorithm.name=fedmr", "algorithm.lite_samples=4")
     assert "Lite" in vec.blocker(lite, lite_fed, [0, 1])
+    audit_fed, audit = _federation("algorithm.name=fedsc", "algorithm.compat_official=true")
+    assert "compat_official" in vec.blocker(audit, audit_fed, [0, 1])
     res_fed, res = _federation("model.name=resnet18")
     assert vec.blocker(res, res_fed, [0, 1]) is None  # any architecture runs when asked for
 
@@ -262,3 +276,47 @@ def test_fedmr_masked_losses_equal_the_loops():
     a, b = inter_class_loss(z, y, protos, neg), inter_class_loss_masked(z, y, protos, neg)
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(torch.autograd.grad(a, z)[0], torch.autograd.grad(b, z)[0])
+
+
+@pytest.mark.parametrize("known_classes", [[0, 1, 3, 5], [9], []])  # some, none of the batch's, none
+def test_fedproc_traceable_loss_equals_the_indexed_one(known_classes):
+    torch.manual_seed(1)
+    y = torch.tensor([0, 0, 1, 3, 3, 3, 5, 7])
+    z = torch.randn(8, 6, dtype=torch.float64, requires_grad=True)
+    protos = torch.randn(10, 6, dtype=torch.float64)
+    known = torch.zeros(10, dtype=torch.bool)
+    known[known_classes] = True
+    a = prototype_contrastive_loss(z, y, protos, known, 0.5)
+    b = prototype_contrastive_loss(z, y, protos, known, 0.5, traceable=True)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(torch.autograd.grad(a, z)[0], torch.autograd.grad(b, z)[0])
+
+
+@pytest.mark.parametrize("labels", [[0, 0, 1, 2, 2, 2, 3, 4], [0, 1, 2, 3, 4, 5, 6, 7]])  # no anchor: 0
+def test_supcon_traceable_loss_equals_the_indexed_one(labels):
+    torch.manual_seed(2)
+    y = torch.tensor(labels)
+    z = torch.randn(8, 6, dtype=torch.float64, requires_grad=True)
+    for normalize in (True, False):
+        a = supcon_loss(z, y, 0.1, normalize)
+        b = supcon_loss(z, y, 0.1, normalize, traceable=True)
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(torch.autograd.grad(a, z)[0], torch.autograd.grad(b, z)[0])
+
+
+def test_rpcl_rows_mask_equals_indexing_out():
+    """Samples outside ``rows`` add exactly 0 and no gradient; the rest as if indexed out (FedSC)."""
+    torch.manual_seed(3)
+    y = torch.tensor([0, 1, 1, 2, 4, 4, 6, 9])
+    bank = torch.randn(7, 5, dtype=torch.float64)
+    bank_labels = torch.tensor([0, 0, 1, 2, 2, 4, 7])  # classes 6 and 9: no positive
+    rows = (bank_labels[None, :] == y[:, None]).any(1)
+    z = torch.randn(8, 5, dtype=torch.float64, requires_grad=True)
+    u = torch.rand(7, dtype=torch.float64) + 0.5
+    masked = rpcl_loss(z, y, bank, bank_labels, 0.1, u, rows)
+    assert torch.equal(masked[~rows], torch.zeros(2, dtype=torch.float64))
+    indexed = rpcl_loss(z[rows], y[rows], bank, bank_labels, 0.1, u)
+    torch.testing.assert_close(masked[rows], indexed)
+    g_masked = torch.autograd.grad(masked.sum(), z)[0]
+    torch.testing.assert_close(g_masked, torch.autograd.grad(indexed.sum(), z)[0])
+    assert torch.equal(g_masked[~rows], torch.zeros(2, 5, dtype=torch.float64))

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +49,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, StateDict, clone_state, device_of, frozen_forward
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.models import head_keys
 from fedpcd.utils import derive_seed
 
@@ -309,15 +309,18 @@ class CReFF(FedAvg):
         return model
 
     # ----- client -----
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (FedAvg's training)
+
+    def end_local(
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
-        """The real gradients under the received model (eval mode, before training), then FedAvg's update."""
+        """FedAvg's reply plus the real gradients under the *received* model (eval mode; as computed before
+        training: the trained weights are not used)."""
+        reply, state = super().end_local(model, data, work, loss)
         keys = head_keys(model)
-        head = payload["head"] if self.grad_head == "retrained" else {k: payload["model"][k] for k in keys}
-        grads = self.real_gradients(model, data, payload["model"], head, rng)
-        reply, state = super().local_update(model, data, payload, state, rng)
-        reply.update(grads)
+        received = work.received
+        head = received["head"] if self.grad_head == "retrained" else {k: received["model"][k] for k in keys}
+        reply.update(self.real_gradients(model, data, received["model"], head, work.rng))
         return reply, state
 
     def real_gradients(

@@ -59,6 +59,7 @@ class FD(ClassMeanExchange):
     gamma: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0  # weight of the distillation term
     distill: Literal["mse", "kl"] = "mse"
     temperature: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0  # T of "kl"
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (the loss reads no attrs)
     # weighting (inherited): "uniform" = mean over the holders; "samples" = weighted by their class counts
 
     def init_server(self, model: nn.Module) -> dict[str, Any]:

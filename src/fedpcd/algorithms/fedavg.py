@@ -126,8 +126,11 @@ class FedAvg:
         self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any
     ) -> Tensor:
         """``loss`` in a form ``torch.func.vmap`` can trace (no data-dependent Python control flow, no random
-        draws); equal to ``loss`` up to float rounding. The vectorized executor trains with this."""
-        return self.loss(model, batch, payload, state)
+        draws); equal to ``loss`` up to float rounding. The vectorized executor trains with this. Default:
+        ``loss`` where a subclass overrides it, else ``objective(..., traceable=True)``."""
+        if type(self).loss is not FedAvg.loss:
+            return self.loss(model, batch, payload, state)
+        return self.objective(model, batch, payload, state, traceable=True)
 
     def vectorize_blocker(self) -> str | None:
         """Why the vectorized executor cannot train this algorithm as configured (None: it can)."""
@@ -151,7 +154,15 @@ class FedAvg:
         model.load_state_dict(payload["model"])
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
-        """The local objective on one batch: cross-entropy for FedAvg."""
+        """The local objective on one batch (``objective`` as the shared loop runs it)."""
+        return self.objective(model, batch, payload, state, traceable=False)
+
+    def objective(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any, traceable: bool
+    ) -> Tensor:
+        """The local objective on one batch: cross-entropy for FedAvg. Override this instead of ``loss`` and
+        ``vector_loss`` when one formula serves both: ``traceable`` asks for the form without data-dependent
+        control flow or indexing (equal up to float rounding)."""
         x, y = batch
         return F.cross_entropy(model(x), y)
 

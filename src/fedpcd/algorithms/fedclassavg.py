@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -45,9 +45,10 @@ from fedpcd.algorithms.fedavg import Payload
 from fedpcd.algorithms.lgfedavg import LGFedAvg
 
 
-def supcon_loss(z: Tensor, y: Tensor, tau: float, normalize: bool = True) -> Tensor:
+def supcon_loss(z: Tensor, y: Tensor, tau: float, normalize: bool = True, traceable: bool = False) -> Tensor:
     """Single-view supervised contrastive loss (Khosla et al. 2020, L_out), mean over the anchors that have
-    a positive; 0 (with a gradient graph) when no anchor has one."""
+    a positive; 0 (with a gradient graph) when no anchor has one. ``traceable``: the same up to float
+    rounding without data-dependent branches or indexing (for ``torch.func.vmap``)."""
     if normalize:
         z = F.normalize(z, dim=1)
     n = z.shape[0]
@@ -58,9 +59,12 @@ def supcon_loss(z: Tensor, y: Tensor, tau: float, normalize: bool = True) -> Ten
     positives = (y[:, None] == y[None, :]) & ~self_mask
     num_pos = positives.sum(dim=1)
     anchors = num_pos > 0
+    pos_log_prob = log_prob.masked_fill(~positives, 0.0).sum(dim=1)
+    if traceable:
+        per_anchor = pos_log_prob / num_pos.clamp(min=1)
+        return -(per_anchor * anchors).sum() / anchors.sum().clamp(min=1)
     if not bool(anchors.any()):
         return z.sum() * 0.0
-    pos_log_prob = log_prob.masked_fill(~positives, 0.0).sum(dim=1)
     return -(pos_log_prob[anchors] / num_pos[anchors]).mean()
 
 
@@ -87,7 +91,11 @@ class FedClassAvg(LGFedAvg):
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.07  # SupCon temperature
     normalize: bool = True  # L2-normalise z before SupCon ([O]: false)
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (``objective``)
+
+    def objective(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any, traceable: bool
+    ) -> Tensor:
         """CE + (rho/2) prox(head, received head) + lam SupCon(z, y)."""
         x, y = batch
         z = model.features(x)
@@ -95,5 +103,5 @@ class FedClassAvg(LGFedAvg):
         if self.rho > 0.0:
             total = total + self.rho / 2 * classifier_proximal(model, payload["model"], self.prox)
         if self.lam > 0.0:
-            total = total + self.lam * supcon_loss(z, y, self.tau, self.normalize)
+            total = total + self.lam * supcon_loss(z, y, self.tau, self.normalize, traceable)
         return total

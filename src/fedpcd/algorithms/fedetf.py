@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +47,7 @@ from fedpcd.algorithms.base import (
     log_prior,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.algorithms.fedgela import simplex_etf
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
@@ -128,15 +128,23 @@ class FedETF(FedAvg):
         return self._predictor(model, server["proj"], server["etf"], server["scale"])
 
     # ----- client -----
-    def local_update(
+    # Working state of a client step, read by the loss (the projection and beta also by personal_predictor).
+    vector_attrs: ClassVar[tuple[str, ...]] = ("_proj", "_scale", "_log_prior")
+
+    def begin_local(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    ) -> LocalWork:
+        """Backbone, trainable copies of the projection and beta (``load_payload``), and the log class prior
+        of the balanced feature loss; the ETF is fixed."""
+        self._log_prior = log_prior(data.label_counts)
+        return super().begin_local(model, data, payload, state, rng)
+
+    def end_local(
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
-        """Train backbone, projection (and beta) with the balanced feature loss; the ETF is fixed."""
-        self._counts = data.label_counts
-        self.load_payload(model, payload, state)
-        loss = self.train(model, data, payload, state, rng)
+        """Backbone, projection and beta as the reply; the seed of this client's personal fine-tuning."""
         self._data = data  # working state of this client step, for the fine-tuning in personal_predictor
-        self._finetune_seed = int(torch.randint(0, 2**62, (1,), generator=rng))
+        self._finetune_seed = int(torch.randint(0, 2**62, (1,), generator=work.rng))
         reply = {
             "model": clone_state(model, backbone_keys(model)),
             "proj": {k: v.detach().clone() for k, v in self._proj.items()},
@@ -144,7 +152,7 @@ class FedETF(FedAvg):
             "num_samples": data.num_samples,
             "train_loss": loss,
         }
-        return reply, state
+        return reply, work.state
 
     def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
         """Load the backbone; working, trainable copies of the projection and beta (this client step only)."""
@@ -157,7 +165,7 @@ class FedETF(FedAvg):
         x, y = batch
         logits = etf_logits(model.features(x), self._proj, payload["etf"], self._scale)
         if self.balanced:
-            return balanced_softmax_loss(logits, y, log_prior(self._counts))
+            return balanced_softmax_loss(logits, y, self._log_prior)
         return F.cross_entropy(logits, y)
 
     def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -31,12 +31,22 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply, device_of
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 
 
-def prototype_contrastive_loss(z: Tensor, y: Tensor, prototypes: Tensor, known: Tensor, tau: float) -> Tensor:
-    """l_pc averaged over the samples whose class has a prototype (0 if none); unknown classes are skipped."""
+def prototype_contrastive_loss(
+    z: Tensor, y: Tensor, prototypes: Tensor, known: Tensor, tau: float, traceable: bool = False
+) -> Tensor:
+    """l_pc averaged over the samples whose class has a prototype (0 if none); unknown classes are skipped.
+    ``traceable``: the same up to float rounding without data-dependent branches or indexing (for
+    ``torch.func.vmap``; unknown classes get the smallest finite logit, whose exp underflows to 0 as
+    -inf's does)."""
     valid = known[y]
+    if traceable:
+        sim = F.cosine_similarity(z[:, None, :], prototypes[None, :, :], dim=2) / tau
+        sim = sim.masked_fill(~known[None, :], torch.finfo(sim.dtype).min)
+        per_sample = F.cross_entropy(sim, y, reduction="none")
+        return (per_sample * valid).sum() / valid.sum().clamp(min=1)
     if not bool(valid.any()):
         return z.sum() * 0.0
     sim = F.cosine_similarity(z[valid, None, :], prototypes[None, :, :], dim=2) / tau
@@ -78,20 +88,24 @@ class FedProc(FedAvg):
         return server
 
     # ----- client -----
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (``objective``)
+
+    def end_local(
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
-        """FedAvg's local update, then the class means of the final local model's features."""
-        reply, state = super().local_update(model, data, payload, state, rng)
+        """FedAvg's reply, then the class means of the final local model's features."""
+        reply, state = super().end_local(model, data, work, loss)
         reply.update(class_means_reply(model, data))
         return reply, state
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
-        """CE + weight * l_pc (l_pc = 0 while no prototype exists)."""
+    def objective(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any, traceable: bool
+    ) -> Tensor:
+        """CE + weight * l_pc (l_pc = 0 while no prototype exists; ``traceable``: its masked form)."""
         x, y = batch
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)
-        if self.weight == 0.0 or not bool(payload["known"].any()):
+        if self.weight == 0.0 or (not traceable and not bool(payload["known"].any())):
             return ce
-        pc = prototype_contrastive_loss(z, y, payload["prototypes"], payload["known"], self.tau)
+        pc = prototype_contrastive_loss(z, y, payload["prototypes"], payload["known"], self.tau, traceable)
         return ce + self.weight * pc

@@ -53,7 +53,7 @@ from fedpcd.algorithms.base import (
     clone_state,
     device_of,
 )
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.errors import UserError
 from fedpcd.utils import derive_seed
 
@@ -125,15 +125,19 @@ class ClassMeanExchange(FedAvg):
     def check_payload(self, model: nn.Module, data: ClientData, payload: Payload) -> None:
         """Raise a UserError when the client's model cannot use the payload (default: always can)."""
 
-    def local_update(
+    def begin_local(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Train the own model (as delivered at first participation), then upload the held classes' means
-        and counts; the state is the model and the client's classes."""
+    ) -> LocalWork:
+        """The own model (as delivered at first participation) trains; no weights are received."""
         self.check_payload(model, data, payload)
         if state is not None:
             model.load_state_dict(state["model"])
-        loss = self.train(model, data, payload, state, rng)
+        return LocalWork(payload, state, payload, rng)
+
+    def end_local(
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
+    ) -> tuple[Reply, Any]:
+        """Upload the held classes' means and counts; the state is the model and the client's classes."""
         reply = {**class_means_reply(model, data, self.output), "num_samples": data.num_samples}
         reply["train_loss"] = loss
         return reply, {"model": clone_state(model), "classes": reply["classes"]}
@@ -150,6 +154,7 @@ class FedProto(ClassMeanExchange):
     init: Literal["uniform", "none"] = "uniform"  # "uniform": [C], specs/fednh.md sec. 5; "none": [O]
     # weighting (inherited) "uniform": [O], [C], the spec; "samples": [P]
     predict: Literal["prototype", "prototype_local", "head"] = "prototype"  # "prototype": [C], spec sec. 4
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (the loss reads no attrs)
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, class_means_reply, device_of
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 
 U_MIN = 1e-6  # clamp of the U normaliser (spec 2.3)
 
@@ -116,18 +116,27 @@ def u_normaliser(z: Tensor, bank: Tensor) -> Tensor:
 
 
 def rpcl_loss(
-    z: Tensor, y: Tensor, bank: Tensor, bank_labels: Tensor, tau: float, u: Tensor | None = None
+    z: Tensor,
+    y: Tensor,
+    bank: Tensor,
+    bank_labels: Tensor,
+    tau: float,
+    u: Tensor | None = None,
+    rows: Tensor | None = None,
 ) -> Tensor:
     """Eq. 14 per sample ([B]): log sum_all exp(s/tau) - log sum_pos exp(s/tau), s = cos(z, r) / U(r) (13).
 
     Positives: the bank rows labelled y_i; negatives: all others. ``u`` None means U = 1. Every y_i needs at
-    least one positive in the bank (the caller masks the other samples out).
+    least one positive in the bank: the caller masks the other samples out, by indexing or with ``rows``
+    (bool [B]; a sample outside it gets every row as a positive: exactly 0, no gradient; vmap-traceable).
     """
     s = F.cosine_similarity(z[:, None, :], bank[None, :, :].to(z.dtype), dim=2)
     if u is not None:
         s = s / u[None, :]
     logits = s / tau
     pos = bank_labels[None, :] == y[:, None]
+    if rows is not None:
+        pos = pos | ~rows[:, None]
     log_pos = torch.logsumexp(logits.masked_fill(~pos, -math.inf), dim=1)
     return torch.logsumexp(logits, dim=1) - log_pos
 
@@ -245,21 +254,34 @@ class FedSC(FedAvg):
         }
 
     # ----- client -----
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """FedAvg's local update, then c_k^j (Eq. 3) and n_k^j for the held classes.
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered unless compat_official
 
-        [P]: an eval-mode pass of the final local model over the (unaugmented) local data. compat_official:
-        the means of the training-mode features of the last local epoch's forward passes ([C]).
-        """
+    def vectorize_blocker(self) -> str | None:
+        if self.compat_official:
+            return "FedSC with compat_official collects features during training"
+        return super().vectorize_blocker()
+
+    def begin_local(
+        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
+    ) -> LocalWork:
+        """FedAvg's; compat_official: start collecting the last local epoch's training-mode features."""
         if self.compat_official:
             batches_per_epoch = math.ceil(data.num_samples / self.ctx.local.batch_size)
             self._collect_from = (self.ctx.local.epochs - 1) * batches_per_epoch
             self._step = 0
             self._sums = torch.zeros(data.num_classes, int(model.feature_dim), device=data.x.device)
             self._counts = torch.zeros(data.num_classes, dtype=torch.long, device=data.x.device)
-        reply, state = super().local_update(model, data, payload, state, rng)
+        return super().begin_local(model, data, payload, state, rng)
+
+    def end_local(
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
+    ) -> tuple[Reply, Any]:
+        """FedAvg's reply, then c_k^j (Eq. 3) and n_k^j for the held classes.
+
+        [P]: an eval-mode pass of the final local model over the (unaugmented) local data. compat_official:
+        the means of the training-mode features of the last local epoch's forward passes ([C]).
+        """
+        reply, state = super().end_local(model, data, work, loss)
         if self.compat_official:
             classes = torch.nonzero(self._counts > 0).flatten()
             counts, means = self._counts[classes], self._sums[classes] / self._counts[classes, None]
@@ -269,8 +291,11 @@ class FedSC(FedAvg):
             reply.update(class_means_reply(model, data))
         return reply, state
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
-        """mean_i [CE_i + 1{y_i has prototypes} (rpcl_weight RPCL_i + cpdr_weight CPDR_i)] (Eqs. 14-16)."""
+    def objective(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any, traceable: bool
+    ) -> Tensor:
+        """mean_i [CE_i + 1{y_i has prototypes} (rpcl_weight RPCL_i + cpdr_weight CPDR_i)] (Eqs. 14-16);
+        ``traceable``: the samples of classes without prototypes masked instead of indexed out."""
         x, y = batch
         z = model.features(x)
         loss = F.cross_entropy(model.head(z), y)
@@ -282,15 +307,19 @@ class FedSC(FedAvg):
         if self.compat_official:
             return loss + self._official_terms(z, y, bank, bank_labels)
         valid = payload["known"][y]
-        if not bool(valid.any()):
+        if traceable:  # every sample, the others weighted 0 (exactly 0 for RPCL, see rpcl_loss)
+            zv, yv, rows, weight = z, y, valid, valid.to(z.dtype)
+        elif not bool(valid.any()):
             return loss
-        zv, yv = z[valid], y[valid]
+        else:
+            zv, yv, rows, weight = z[valid], y[valid], None, None
         extra = torch.zeros((), dtype=z.dtype, device=z.device)
         if self.rpcl_weight > 0.0:
             u = u_normaliser(z, bank) if self.use_u else None
-            extra = extra + self.rpcl_weight * rpcl_loss(zv, yv, bank, bank_labels, self.tau, u).sum()
+            extra = extra + self.rpcl_weight * rpcl_loss(zv, yv, bank, bank_labels, self.tau, u, rows).sum()
         if self.cpdr_weight > 0.0:
-            extra = extra + self.cpdr_weight * cpdr_loss(zv, payload["consistent"][yv], self.cpdr_dist).sum()
+            cpdr = cpdr_loss(zv, payload["consistent"][yv], self.cpdr_dist)
+            extra = extra + self.cpdr_weight * (cpdr if weight is None else cpdr * weight).sum()
         return loss + extra / len(y)
 
     # ----- helpers -----

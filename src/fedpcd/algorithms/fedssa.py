@@ -46,7 +46,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, clone_state
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.errors import UserError
 
 
@@ -163,15 +163,22 @@ class FedSSA(FedAvg):
         return None
 
     # ----- client -----
-    def local_update(
+    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered where clients share an arch
+
+    def begin_local(
         self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
-        """Load the own model, fuse the header (Eq. 4), train with CE (Eq. 6), upload the seen rows."""
+    ) -> LocalWork:
+        """Load the own model and fuse the header (Eq. 4); training is CE (Eq. 6)."""
         if state is not None:
             model.load_state_dict(state)
+        self.fuse(model, payload, seen_classes(data))
+        return LocalWork(payload, state, payload, rng)
+
+    def end_local(
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
+    ) -> tuple[Reply, Any]:
+        """Upload the header rows of the seen classes; the state is the whole trained model."""
         classes = seen_classes(data)
-        self.fuse(model, payload, classes)
-        loss = self.train(model, data, payload, state, rng)
         w, b = model.head.weight.detach(), model.head.bias.detach()
         reply: Reply = {"client": data.id, "num_samples": data.num_samples, "train_loss": loss}
         if self.upload == "zero_filled":

@@ -2,9 +2,14 @@
 
 Same numbers as the sequential executor up to float rounding, for every algorithm that declares it is covered
 (``vector_attrs`` in the class's own body: FedAvg, FedProx, FedRS, FedLC, FedMR, FedNH, FedGELA, FedGE,
-SCAFFOLD, FedDyn, FedDC, FedNTD, FedNova, MOON, FedPer, FedBABU, LG-FedAvg, Local, FedAvg-FT) and keeps
-FedAvg's ``local_update``, ``fit``, ``train`` and ``before_step``. How it reproduces ``FedAvg.local_update`` =
-``begin_local``; ``fit`` (the shared ``train`` loop); ``end_local`` for K clients:
+SCAFFOLD, FedDyn, FedDC, FedNTD, FedNova, MOON, FedProc, FedSC, CReFF, FedPer, FedBABU, LG-FedAvg,
+FedClassAvg, Local, FedAvg-FT, FedRoD, FedETF, FedProto, FD, FedSSA) and keeps FedAvg's ``local_update``,
+``fit``, ``train`` and ``before_step``. Not covered (the sequential executor runs them, with a warning):
+methods whose client runs more than one training loop (Ditto, FedRep) or trains two models jointly (FML,
+FedKD), and FedSC's ``compat_official`` audit mode (it collects features during training).
+
+How it reproduces ``FedAvg.local_update`` = ``begin_local``; ``fit`` (the shared ``train`` loop);
+``end_local`` for K clients:
 
 - ``begin_local`` runs per client on the reusable model object, as in the sequential executor; the model's
   tensors and the client's working context (the payload and state the loss sees, and the attributes named in
@@ -41,17 +46,21 @@ FedAvg's ``local_update``, ``fit``, ``train`` and ``before_step``. How it reprod
 Speed on a CPU. vmap turns a convolution with per-client weights into a grouped convolution, which oneDNN
 runs slower than a loop over the clients. The ConvNet family (simplecnn, conv2cifar, cnn1..cnn5) therefore
 gets a twin whose ``features`` is one autograd.Function with its own vmap rule: per client, the
-convolutions with faster backward kernels (weight gradient as the convolution of the input by the output
-gradient, input gradient by ``conv_transpose2d``) and max-pool + ReLU from strided views (max_pool2d's values
-and gradient routing, several times faster than its CPU kernel with indices); the fully connected layers as
-batched matmuls over the clients. ``metrics.predict`` uses the same pooling for a bit-identical, faster
-ConvNet forward (:func:`fast_predictor`). Other architectures go through plain vmap (BatchNorm included:
-running statistics are stacked per-client buffers updated in place).
+convolutions with the fastest backward kernels measured (weight gradient alone, input gradient by
+``conv_transpose2d``), the first max-pool + ReLU from strided views (max_pool2d's values and gradient routing,
+faster than its CPU kernel with indices on the large map) and the second by ``max_pool2d`` in channels-last
+layout; the fully connected layers as batched matmuls over the clients. ``metrics.predict`` uses the
+strided-view pooling for a bit-identical, faster ConvNet forward (:func:`fast_predictor`). Other
+architectures go through plain vmap (BatchNorm included: running statistics are stacked per-client buffers
+updated in place).
 
 ``engine.executor: auto`` runs the sequential executor (see ``fedpcd.engine.executor.train_clients``); this
 one runs with ``executor: vectorized``, for any architecture, in chunks of clients whose stacked state fits
-``MEMORY_BUDGET``. On a CPU it is fastest for the ConvNet family (measured 1.3x the sequential executor for
-simplecnn on fmnist); the MLP on fmnist ran at 0.7x and ResNet-18 about level.
+``MEMORY_BUDGET``. On a CPU it is fastest for the ConvNet family: 1.04-1.13x a plain PyTorch loop for
+simplecnn on fmnist on a quiet 2-core machine (1.3-1.7x when the machine is loaded, which slows the plain
+loop's many small operations more); the MLP on fmnist ran at 0.7x and ResNet-18 at 0.3-0.6x. There the
+per-client convolution kernels bound it (benchmarks/speed.py prints the bound); on a GPU the per-step launch
+overhead that vectorisation removes dominates instead (not measured here: no GPU).
 
 Float rounding differs from the sequential executor's (other kernels, other summation orders): usually
 1e-8 after a round, but a ReLU unit whose input is within rounding of 0, or FedMR's decorrelation with its
@@ -278,11 +287,18 @@ def _per_client(x: Tensor, shared_x: bool, *stacked: Tensor) -> Iterator[tuple[T
     return zip(xs, *columns, strict=True)
 
 
+def _weight_grad(grad_out: Tensor, inp: Tensor, weight: Tensor) -> Tensor:
+    """A stride-1, unpadded convolution's weight gradient (oneDNN's backward kernel alone)."""
+    args = (grad_out, inp, weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])
+    return torch.ops.aten.convolution_backward(*args)[1]
+
+
 class _ConvStack(torch.autograd.Function):
     """ConvNet's two (conv 5x5 -> ReLU -> max-pool 2) stages for K clients, flattened: [K, B, F]. One node
-    per step (no per-layer autograd bookkeeping); per client the fast CPU kernels: the weight gradient as the
-    convolution of the input by the output gradient (batch and channels swapped), the input gradient by
-    ``conv_transpose2d``, the pooling of :func:`_pool_relu_masks`."""
+    per step (no per-layer autograd bookkeeping); per client the fast CPU kernels: the weight gradient alone
+    (:func:`_weight_grad`), the input gradient by ``conv_transpose2d``, the first pooling by
+    :func:`_pool_relu_masks`, the second by ``max_pool2d`` in channels-last layout (its fast kernel for the
+    small maps; ReLU after the max, which routes the same gradient)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -292,10 +308,11 @@ class _ConvStack(torch.autograd.Function):
         for xk, w1k, b1k, w2k, b2k in _per_client(x, shared_x, w1, b1, w2, b2):
             a1 = F.conv2d(xk, w1k, b1k)
             p1, m1 = _pool_relu_masks(a1, masks=True)
-            a2 = F.conv2d(p1, w2k, b2k)
-            p2, m2 = _pool_relu_masks(a2, masks=True)
-            flat.append(p2.flatten(1))
-            saved.append((xk, p1, m1, m2, a1.shape, a2.shape, p2.shape))
+            a2 = F.conv2d(p1, w2k, b2k).contiguous(memory_format=torch.channels_last)
+            p2, where2 = F.max_pool2d(a2, 2, return_indices=True)
+            p2 = p2.relu_()
+            flat.append(p2.flatten(1))  # the NCHW order of the flattened features (a copy)
+            saved.append((xk, p1, m1, a2, where2, p2, a1.shape))
         ctx.saved, ctx.weights, ctx.shared_x = saved, (w1, w2), shared_x
         return torch.stack(flat)
 
@@ -303,12 +320,15 @@ class _ConvStack(torch.autograd.Function):
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         w1, w2 = ctx.weights
         grads: list[list[Tensor]] = [[], [], [], [], []]  # x, w1, b1, w2, b2
-        for k, (xk, p1, m1, m2, shape1, shape2, shape_p2) in enumerate(ctx.saved):
-            ga2 = _pool_relu_backward(g[k].view(shape_p2), m2, shape2)
-            grads[3].append(F.conv2d(p1.transpose(0, 1), ga2.transpose(0, 1)).transpose(0, 1))
+        for k, (xk, p1, m1, a2, where2, p2, shape1) in enumerate(ctx.saved):
+            gp2 = g[k].view(p2.shape).contiguous(memory_format=torch.channels_last) * (p2 > 0)
+            ga2 = torch.ops.aten.max_pool2d_with_indices_backward(
+                gp2, a2, [2, 2], [2, 2], [0, 0], [1, 1], False, where2
+            ).contiguous()
+            grads[3].append(_weight_grad(ga2, p1, w2[k]))
             grads[4].append(ga2.sum(dim=(0, 2, 3)))
             ga1 = _pool_relu_backward(F.conv_transpose2d(ga2, w2[k]), m1, shape1)
-            grads[1].append(F.conv2d(xk.transpose(0, 1), ga1.transpose(0, 1)).transpose(0, 1))
+            grads[1].append(_weight_grad(ga1, xk, w1[k]))
             grads[2].append(ga1.sum(dim=(0, 2, 3)))
             if ctx.needs_input_grad[0]:
                 grads[0].append(F.conv_transpose2d(ga1, w1[k]))
