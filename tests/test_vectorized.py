@@ -243,10 +243,14 @@ def test_pool_relu_matches_max_pool2d_with_ties_and_odd_sizes():
     assert torch.equal(vec._pool_relu_backward(g, masks, a.shape), ref_in.grad)
 
 
-def test_fast_convnet_forward_and_gradients():
+@pytest.mark.parametrize(
+    ("arch", "channels", "side"),
+    [("simplecnn", 1, 16), ("simplecnn", 1, 19), ("conv2cifar", 3, 32), ("cnn1", 1, 28)],  # 19: odd maps
+)
+def test_fast_convnet_forward_and_gradients(arch, channels, side):
     torch.manual_seed(0)
-    model = build_model("simplecnn", 1, 10, 16)
-    x = torch.randn(5, 1, 16, 16)
+    model = build_model(arch, channels, 10, side)
+    x = torch.randn(5, channels, side, side)
     model.eval()
     assert torch.equal(predict(model, x), model(x).argmax(1))
     with torch.no_grad():
