@@ -1,10 +1,23 @@
 # Set-up and the two README commands: `make demo` and `make test`.
-PY ?= python3
+# Outside a virtual environment everything installs into the project's own `.venv`, made with the system
+# `python3` (so an externally-managed interpreter such as Debian's is never touched); inside one, that one
+# is used. Every recipe runs with the environment's bin/ first on PATH.
+SYSTEM_PYTHON ?= python3
+VENV ?= .venv
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: install demo test lint bench
+ifndef VIRTUAL_ENV
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
+endif
+PY := $(VIRTUAL_ENV)/bin/python
 
-install:
+.PHONY: install demo test bench
+
+$(PY):
+	$(SYSTEM_PYTHON) -m venv $(VIRTUAL_ENV)
+
+install: $(PY)
 	@if [ ! -d $(FMNIST) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
@@ -17,7 +30,7 @@ demo: install
 	fedpcd demo
 
 test: install
-	$(PY) -m ruff check src tests benchmarks
+	ruff check src tests benchmarks
 	$(PY) -m pytest
 
 bench: install

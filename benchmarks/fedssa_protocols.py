@@ -1,10 +1,11 @@
-"""FedSSA's two readings of "mean local test accuracy" (specs/fedssa.md sec. 4) from finished runs.
+"""FedSSA's two readings of "mean local test accuracy" (Yi et al., IJCAI 2024, Sec. 6.1) from finished runs.
 
 For each setting (seeds grouped as in ``fedpcd report``), mean +- std over seeds of:
 - last-k: the participants' mean PA-split averaged over the last k evaluated rounds (the report's PA-split);
 - best: the maximum over rounds of the participants' mean PA-split (the official code's number, [C]);
-- all-clients: every client's most recent PA-split, averaged over all clients ever evaluated (the spec's
-  reading (a); unweighted, since the runs record per-client accuracies but not test-split sizes).
+- all-clients: every client's most recent PA-split, averaged over all clients ever evaluated (the
+  paper's "average test accuracy of all clients' local models"; unweighted, since the runs record
+  per-client accuracies but not test-split sizes).
 
 usage: python benchmarks/fedssa_protocols.py runs/repro/fedssa-fmnist-n50 [--last 5]
 """

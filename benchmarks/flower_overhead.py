@@ -1,4 +1,4 @@
-"""Flower's per-round overhead as a ratio to the local backend (issue 4), measured in one process.
+"""Flower's per-round overhead as a ratio to the local backend, measured in one process.
 
 The same config runs on each backend; a round's time is the ``wall_s`` every backend writes to
 metrics.jsonl (from sending the payloads to the recorded round: training, personal and generic evaluation,

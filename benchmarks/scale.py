@@ -1,4 +1,4 @@
-"""Scale: 1,000 clients with personal state, 10 per round; peak RSS and state bytes (issue 21, item 3).
+"""Scale: 1,000 clients with personal state, 10 per round; peak RSS and state bytes.
 
 For each algorithm (FedAvg, FedPer, MOON, SCAFFOLD) and client-state backend (memory, disk; the engine's
 ``engine.client_state``), one fresh process (so that each peak RSS is its own) runs, on fmnist:

@@ -1,4 +1,4 @@
-"""Training throughput of the executors against a plain PyTorch loop (issue 21, item 2).
+"""Training throughput of the executors against a plain PyTorch loop.
 
 In one process, with one torch thread (``--threads``), for each setting (model, clients, clients per round):
 

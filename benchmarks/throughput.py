@@ -1,4 +1,4 @@
-"""FedAvg training throughput as a ratio to a plain PyTorch loop (issue 3; target >= 0.9).
+"""FedAvg training throughput as a ratio to a plain PyTorch loop (target >= 0.9).
 
 Both sides train the same model class on the same samples with the same batch size and optimiser, in one
 process, alternating, with one torch thread:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(1)
+# FEDPCD_TEST_THREADS: run the suite under another thread count (results must not depend on it)
+torch.set_num_threads(int(os.environ.get("FEDPCD_TEST_THREADS", "1")))
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 

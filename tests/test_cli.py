@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import fedpcd
 from conftest import requires_fmnist
 from fedpcd.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "rounds=1", "clients=3"]
 
@@ -130,3 +135,62 @@ def test_overrides_may_stand_between_options(tmp_path):
     with pytest.raises(SystemExit) as exc:
         main(["run", "--quiet", "--bogus"])
     assert exc.value.code == 2
+
+
+def _readme_use_commands() -> list[list[str]]:
+    """The `fedpcd ...` commands of the README's "Use" block, continuation lines joined, comments dropped."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Use", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands, current = [], ""
+    for line in block.splitlines():
+        line = line.split("  #", 1)[0].rstrip()
+        if line.startswith("fedpcd ") or current:
+            current += " " + line.rstrip("\\")
+            if not line.endswith("\\"):
+                commands.append(shlex.split(current))
+                current = ""
+    return commands
+
+
+def test_readme_use_commands_that_need_no_training_run_on_a_fresh_clone(tmp_path, monkeypatch, capsys):
+    """Every command of the README's "Use" block that trains nothing runs, in the order written, from a
+    folder holding only the repository's configs/ and docs/ (what a fresh clone has)."""
+    commands = _readme_use_commands()
+    assert ["fedpcd", "--version"] in commands and len(commands) >= 8
+    for name in ("configs", "docs"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    quick = [c for c in commands if c[1] in ("list", "partition") or c[1:2] == ["report"] and "docs/" in c[2]]
+    assert len(quick) >= 4
+    for argv in quick:
+        assert main(argv[1:]) == 0, argv
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as version:
+        main(["--version"])
+    assert version.value.code == 0 and capsys.readouterr().out == f"fedpcd {fedpcd.__version__}\n"
+    assert (tmp_path / "board.md").exists() and (tmp_path / "part.json").exists()
+
+
+def test_ctrl_c_names_the_command_that_resumes_this_run(tmp_path, monkeypatch, capsys):
+    import fedpcd.engine
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fedpcd.engine, "run_experiment", interrupted)
+    out = tmp_path / "my-run"
+    assert main(["run", "dataset.name=synthetic", f"output_dir={out}"]) == 130
+    assert capsys.readouterr().err.strip() == f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"
+
+
+def test_the_version_is_defined_once():
+    """pyproject.toml defines the version; the package, --version and CITATION.cff agree with it."""
+    import re
+
+    import yaml
+
+    declared = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert fedpcd.__version__ == declared
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert cff["version"] == declared and cff["license"] == "Apache-2.0"
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")

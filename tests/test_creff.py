@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import tiny_client
-from fedpcd.algorithms import Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import weighted_average
 from fedpcd.algorithms.creff import (
     RETRAIN_STREAM,
@@ -39,10 +39,15 @@ CTX = Context(
 )
 
 
+def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
+    """A client update's work (round 1) with ``values`` as working values."""
+    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
+    return LocalWork(payload, state, rng, **values)
+
+
 def _alg(name: str = "creff", **params):
     alg = build_algorithm(name, {**FAST, **params} if name == "creff" else params)
     alg.setup(CTX)
-    alg.round = 1
     return alg
 
 
@@ -196,7 +201,7 @@ def test_reply_carries_gradients_only_for_held_classes_and_fedavg_training_is_un
     payload = alg.payload_for(server, 0)
     assert set(payload) == ({"model", "head"} if grad_head == "retrained" else {"model"})
     data = _client([0, 0, 2, 2, 2])
-    reply, state = alg.local_update(model, data, payload, None, _rng())
+    reply, state = alg.local_update(model, data, LocalWork(payload, None, _rng()))
     assert reply["classes"].tolist() == [0, 2] and reply["class_counts"].tolist() == [2, 3]
     assert reply["grad_weight"].shape == (2, 3, 8) and reply["grad_bias"].shape == (2, 3)
     # by autograd, on the received model's features, under the head the gradients are defined with
@@ -212,10 +217,10 @@ def test_reply_carries_gradients_only_for_held_classes_and_fedavg_training_is_un
         torch.testing.assert_close(reply["grad_bias"][i], ab)
     # FedAvg's local update, reply and personal model, bit for bit (same generator)
     fedavg = _alg("fedavg")
-    fed_reply, _ = fedavg.local_update(_model(), data, {"model": payload["model"]}, None, _rng())
+    fed_reply, _ = fedavg.local_update(_model(), data, LocalWork({"model": payload["model"]}, None, _rng()))
     assert fed_reply.keys() <= reply.keys() and fed_reply["train_loss"] == reply["train_loss"]
     assert all(torch.equal(fed_reply["model"][k], v) for k, v in reply["model"].items())
-    personal = alg.personal_predictor(model, payload, state)
+    personal = alg.personal_predictor(model, _work(payload, state))
     assert state is None and all(torch.equal(personal.state_dict()[k], v) for k, v in reply["model"].items())
 
 
@@ -223,11 +228,14 @@ def test_sampled_real_batches_are_seeded_and_cover_the_class_when_large():
     data, rng_seed = _client([0, 0, 1, 1, 1, 2]), 3
     full_alg, model = _alg(), _model()
     payload = full_alg.payload_for(full_alg.init_server(model), 0)
-    full, _ = full_alg.local_update(_model(), data, payload, None, _rng(rng_seed))
-    whole, _ = _alg(real_batch=10, real_repeats=2).local_update(_model(), data, payload, None, _rng(rng_seed))
+    full, _ = full_alg.local_update(_model(), data, LocalWork(payload, None, _rng(rng_seed)))
+    whole, _ = _alg(real_batch=10, real_repeats=2).local_update(
+        _model(), data, LocalWork(payload, None, _rng(rng_seed))
+    )
     torch.testing.assert_close(whole["grad_weight"], full["grad_weight"])  # every draw = the whole class
     one = [
-        _alg(real_batch=1).local_update(_model(), data, payload, None, _rng(rng_seed))[0] for _ in range(2)
+        _alg(real_batch=1).local_update(_model(), data, LocalWork(payload, None, _rng(rng_seed)))[0]
+        for _ in range(2)
     ]
     assert torch.equal(one[0]["grad_weight"], one[1]["grad_weight"])
     assert not torch.allclose(one[0]["grad_weight"], full["grad_weight"])
@@ -247,7 +255,9 @@ def _round(alg, model, labels=([0, 0, 2, 2], [2, 0, 0])):
     )
     start = {"features": server["features"].clone(), **{k: v.clone() for k, v in received.items()}}
     replies = [
-        alg.local_update(model, _client(y, seed=7 + k, cid=k), alg.payload_for(server, k), None, _rng(k))[0]
+        alg.local_update(
+            model, _client(y, seed=7 + k, cid=k), LocalWork(alg.payload_for(server, k), None, _rng(k))
+        )[0]
         for k, y in enumerate(labels)
     ]
     return alg.aggregate(server, replies), replies, start

@@ -1,20 +1,57 @@
-"""`fedpcd demo`: FedAvg and the five papers' methods on Fashion-MNIST P10C2, a table and a curve plot."""
+"""`fedpcd demo`: FedAvg and the five papers' methods on Fashion-MNIST P10C2, a table that explains itself and
+a curve plot titled with the setting."""
 
 from __future__ import annotations
 
 from conftest import requires_fmnist
-from fedpcd.cli import DEMO_METHODS, main
+from fedpcd.cli import main
+from fedpcd.demo import DEMO_METHODS, FEDSC_NOTE, FEDSSA_NOTE, leader_sentence, plot_demo_curves
 
 
 @requires_fmnist
 def test_demo_compares_fedavg_and_the_five_methods(tmp_path, capsys):
-    overrides = ["rounds=1", "dataset.train_fraction=0.02", "personal_test=split"]
+    overrides = ["rounds=3", "eval_every=1", "dataset.train_fraction=0.02", "personal_test=split"]
     assert main(["demo", "--out", str(tmp_path), "--quiet", *overrides]) == 0
     out = capsys.readouterr().out
     names = [name for name, _ in DEMO_METHODS]
     assert names == ["fedavg", "fedgela", "fedmr", "fednh", "fedsc", "fedssa"]
-    rows = [line.split()[0] for line in out.splitlines()[2:8]]
-    assert rows == names
+    lines = out.splitlines()
+    assert lines[0].startswith("Setting: fmnist P10C2 (2% of the train set), simplecnn, 3 rounds x 1 epoch")
+    assert "mean over the last 3 evaluated rounds (of 3" in lines[1]
+    assert lines[2].split()[:3] == ["algorithm", "GA", "PA-split"]
+    assert [line.split()[0] for line in lines[4:10]] == names
+    assert lines[9].split()[1] == "-"  # FedSSA: no GA
+    text = " ".join(out.split())
     assert "fedsc cpdr_weight=0.01" in out
+    assert "PA-G: personal models on the full test set" in text and "2 of 10 classes" in text
+    assert "GA: " in text and " leads with " in text and "PA-split: " in text
+    assert " ".join(FEDSSA_NOTE.split()) in text and " ".join(FEDSC_NOTE.split()) in text
     assert all((tmp_path / name / "summary.json").exists() for name in names)
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    # a second call reuses the finished runs instead of refusing their folders
+    assert main(["demo", "--out", str(tmp_path), "--quiet", *overrides]) == 0
+    assert capsys.readouterr().out.splitlines()[4:10] == lines[4:10]
+
+
+def test_leader_sentence_weighs_the_lead_against_the_swing():
+    means = {"a": 0.80, "b": 0.75, "c": 0.5}
+    clear = leader_sentence("GA", means, {"a": 0.02})
+    assert clear == (
+        "GA: a leads with 80.0%, 5.0 points above b; its GA moved by 2.0 points over those rounds, so the"
+        " lead is more than the round-to-round swing."
+    )
+    noisy = leader_sentence("GA", means, {"a": 0.10})
+    assert "within the round-to-round swing (not a finding on one seed)" in noisy
+    assert leader_sentence("GA", {}, {}) == "GA: no method has a value."
+
+
+def test_curves_have_a_title_one_legend_per_panel_and_one_y_range(tmp_path):
+    rows = [{"round": t, "global_acc": 0.1 * t, "personal_acc": 0.2 * t} for t in (1, 2)]
+    no_ga = [{"round": t, "global_acc": None, "personal_acc": 0.9} for t in (1, 2)]
+    fig = plot_demo_curves({"fedavg": rows, "fedssa": no_ga}, "fmnist P10C2", tmp_path / "c.png")
+    ga, pa = fig.axes
+    assert fig._suptitle.get_text() == "fmnist P10C2"
+    assert [t.get_text() for t in ga.get_legend().get_texts()] == ["fedavg"]
+    assert [t.get_text() for t in pa.get_legend().get_texts()] == ["fedavg", "fedssa"]
+    assert ga.get_ylim() == pa.get_ylim()
+    assert ga.get_lines()[0].get_color() == pa.get_lines()[0].get_color()

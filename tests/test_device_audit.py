@@ -1,4 +1,4 @@
-"""engine.device audit (issue 21): every algorithm creates its tensors on the run's device.
+"""engine.device audit: every algorithm creates its tensors on the run's device.
 
 No GPU is needed: a CUDA run's device mix-ups are emulated on the CPU. While a small run of each registered
 algorithm goes on, :class:`DeviceAudit` (a ``TorchFunctionMode``, which sees every torch call)

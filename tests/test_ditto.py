@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_client
-from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
@@ -21,10 +21,15 @@ SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.b
 LOCAL = LocalTraining(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-3)
 
 
+def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
+    """A client update's work (round 1) with ``values`` as working values."""
+    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
+    return LocalWork(payload, state, rng, **values)
+
+
 def _alg(name: str = "ditto", **params):
     alg = build_algorithm(name, params)
     alg.setup(Context(num_clients=3, num_classes=3, rounds=2, seed=0, local=LOCAL))
-    alg.round = 1
     return alg
 
 
@@ -60,7 +65,7 @@ def test_proximal_loss_value_and_gradient_by_hand():
     data = _client()
     batch = (data.x, data.y)
     anchor = _shifted(model, 0.1)  # every parameter 0.1 away from the anchor
-    loss = alg.loss(model, batch, {"anchor": anchor}, None)
+    loss = alg.loss(model, batch, _work({"anchor": anchor}))
     n_params = sum(p.numel() for p in model.parameters())
     ce = F.cross_entropy(model(data.x), data.y)
     torch.testing.assert_close(loss, ce + 0.5 / 2 * n_params * 0.01)
@@ -77,7 +82,7 @@ def test_global_part_uses_plain_cross_entropy():
     data = _client()
     payload = {"model": _shifted(model, 1.0)}
     torch.testing.assert_close(
-        alg.loss(model, (data.x, data.y), payload, None), F.cross_entropy(model(data.x), data.y)
+        alg.loss(model, (data.x, data.y), _work(payload)), F.cross_entropy(model(data.x), data.y)
     )
 
 
@@ -86,14 +91,14 @@ def test_replies_equal_fedavg_and_personal_model_is_the_state():
     server = fedavg.init_server(model)
     initial = dict(server["model"])
     payload = fedavg.payload_for(server, 0)
-    r_avg, s_avg = fedavg.local_update(model, _client(), payload, None, _rng())
+    r_avg, s_avg = fedavg.local_update(model, _client(), LocalWork(payload, None, _rng()))
     model.load_state_dict(initial)
-    r_ditto, state = ditto.local_update(model, _client(), payload, None, _rng())
+    r_ditto, state = ditto.local_update(model, _client(), LocalWork(payload, None, _rng()))
     assert s_avg is None and set(r_ditto) == set(r_avg) == {"model", "num_samples", "train_loss"}
     assert _equal(r_ditto["model"], r_avg["model"]) and r_ditto["train_loss"] == r_avg["train_loss"]
     assert set(state) == set(model.state_dict()) and not _equal(state, r_ditto["model"])
     model.load_state_dict(initial)
-    assert _equal(ditto.personal_predictor(model, payload, state).state_dict(), state)
+    assert _equal(ditto.personal_predictor(model, _work(payload, state)).state_dict(), state)
     assert _equal(ditto.aggregate(ditto.init_server(model), [r_ditto])["model"], r_avg["model"])
 
 
@@ -102,13 +107,13 @@ def _personal_start(monkeypatch, alg, model, payload, state) -> dict:
     seen: list[dict] = []
     real = type(alg).train
 
-    def spy(self, m, data, pl, st, rng, **kwargs):
-        if "anchor" in pl:
+    def spy(self, m, data, work, **kwargs):
+        if "anchor" in work.payload:
             seen.append({k: v.clone() for k, v in m.state_dict().items()})
-        return real(self, m, data, pl, st, rng, **kwargs)
+        return real(self, m, data, work, **kwargs)
 
     monkeypatch.setattr(type(alg), "train", spy)
-    alg.local_update(model, _client(), payload, state, _rng())
+    alg.local_update(model, _client(), LocalWork(payload, state, _rng()))
     return seen[-1]
 
 
@@ -130,13 +135,13 @@ def test_anchor_is_the_received_or_the_local_model(monkeypatch, anchor):
     anchors: list[dict] = []
     real = type(alg).loss
 
-    def spy(self, m, batch, pl, st):
-        if "anchor" in pl:
-            anchors.append(pl["anchor"])
-        return real(self, m, batch, pl, st)
+    def spy(self, m, batch, work):
+        if "anchor" in work.payload:
+            anchors.append(work.payload["anchor"])
+        return real(self, m, batch, work)
 
     monkeypatch.setattr(type(alg), "loss", spy)
-    reply, _ = alg.local_update(model, _client(), payload, None, _rng())
+    reply, _ = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
     want = payload["model"] if anchor == "global" else reply["model"]
     assert anchors and all(a is want for a in anchors)
 
@@ -152,7 +157,7 @@ def test_personal_optimiser_settings(monkeypatch, option, momentum, wd):
         return real(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
     monkeypatch.setattr(torch.optim, "SGD", spy)
-    alg.local_update(model, _client(), {"model": _shifted(model, 0.0)}, None, _rng())
+    alg.local_update(model, _client(), LocalWork({"model": _shifted(model, 0.0)}, None, _rng()))
     assert seen == [(0.1, 0.9, 1e-3), (0.1, momentum, wd)]  # FedAvg part, then the personal part
 
 
@@ -160,11 +165,10 @@ def test_personal_sgd_step_is_algorithm_1():
     """One batch, one epoch: v <- v - eta (grad F(v) + lambda (v - w))."""
     alg = build_algorithm("ditto", {"lam": 2.0})
     alg.setup(Context(3, 3, 1, 0, LocalTraining(epochs=1, batch_size=64, lr=0.05)))
-    alg.round = 1
     model, data = _model(), _client()
     payload = {"model": _shifted(model, 0.2)}
     v0 = _shifted(model, -0.1)
-    _, state = alg.local_update(model, data, payload, v0, _rng())
+    _, state = alg.local_update(model, data, LocalWork(payload, v0, _rng()))
     model.load_state_dict(v0)
     model.zero_grad()
     F.cross_entropy(model(data.x), data.y).backward()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_client
-from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
@@ -19,11 +19,16 @@ from fedpcd.models import build_model
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 
 
+def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
+    """A client update's work (round 1) with ``values`` as working values."""
+    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
+    return LocalWork(payload, state, rng, **values)
+
+
 def _alg(name: str = "fedavg_ft", **params):
     alg = build_algorithm(name, params)
     local = LocalTraining(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=0.0)
     alg.setup(Context(num_clients=3, num_classes=3, rounds=2, seed=0, local=local))
-    alg.round = 1
     return alg
 
 
@@ -47,8 +52,8 @@ def _equal(a: dict, b: dict) -> bool:
 def _update(alg, payload: dict) -> tuple[dict, object, dict]:
     """(reply, state, personal model's weights) of one local update from the seeded model."""
     model = _model()
-    reply, state = alg.local_update(model, _client(), payload, None, _rng())
-    personal = alg.personal_predictor(model, payload, state)
+    reply, state = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
+    personal = alg.personal_predictor(model, _work(payload, state))
     return reply, state, {k: v.clone() for k, v in personal.state_dict().items()}
 
 

@@ -1,4 +1,5 @@
-"""FedGELA / FedGE (specs/fedgela.md): the ETF, phi, the Eq. 5 loss, what is trained, sent and predicted."""
+"""FedGELA / FedGE (Fan et al., NeurIPS 2023): the ETF, phi, the Eq. 5 loss, what is trained, sent and
+predicted."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpcd.algorithms import ALGORITHMS, Context, build_algorithm
+from fedpcd.algorithms import ALGORITHMS, Context, LocalWork, build_algorithm
 from fedpcd.algorithms.base import ClientData, weighted_average
 from fedpcd.algorithms.fedgela import FedGE, FedGELA, adaptation, simplex_etf
 from fedpcd.config import load_config
@@ -19,6 +20,12 @@ from fedpcd.errors import UserError
 from fedpcd.models import FedModel, backbone_keys, head_keys
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
+
+
+def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
+    """A client update's work (round 1) with ``values`` as working values."""
+    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
+    return LocalWork(payload, state, rng, **values)
 
 
 def _etf(d: int, c: int, seed: int = 0) -> torch.Tensor:
@@ -161,7 +168,7 @@ def _hand_loss(softmax: str, cls: type = FedGELA) -> float:
     y = torch.tensor([1, 1])
     phi, present = algo.local_adaptation(torch.tensor([2, 2, 0]))
     state = {"phi": phi, "present": present}
-    return float(algo.loss(model, (x, y), {"etf": M_HAND, "proj": {}}, state).detach())
+    return float(algo.loss(model, (x, y), _work({"etf": M_HAND, "proj": {}}, state)).detach())
 
 
 def test_loss_matches_hand_computation_for_both_softmax_variants():
@@ -186,7 +193,9 @@ def test_local_and_all_softmax_agree_when_the_client_holds_every_class():
     x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
     state = dict(zip(("phi", "present"), FedGELA().local_adaptation(torch.tensor([5, 1, 2])), strict=True))
     losses = [
-        float(_algorithm(softmax=s).loss(model, (x, y), {"etf": m.float(), "proj": {}}, state).detach())
+        float(
+            _algorithm(softmax=s).loss(model, (x, y), _work({"etf": m.float(), "proj": {}}, state)).detach()
+        )
         for s in ("local", "all")
     ]
     assert math.isclose(*losses, rel_tol=1e-6)
@@ -206,11 +215,11 @@ def test_classifier_is_fixed_and_no_head_weights_travel(tmp_path):
     head_before = {k: v.clone() for k, v in model.state_dict().items() if k in heads}
     backbone_before = {k: v.clone() for k, v in payload["model"].items()}
 
-    trainable = list(algo.trainable_parameters(model, payload, None))
+    trainable = list(algo.trainable_parameters(model, _work(payload)))
     assert all(p is not model.head.weight and p is not model.head.bias for p in trainable)
     assert all(p.data_ptr() != payload["etf"].data_ptr() for p in trainable)
 
-    reply, state = algo.local_update(model, fed.clients[0], payload, None, torch.Generator().manual_seed(0))
+    reply, state = algo.local_update(model, fed.clients[0], _work(payload, seed=0))
     assert torch.equal(payload["etf"], etf_before) and not payload["etf"].requires_grad
     assert payload["etf"].grad is None
     assert all(torch.equal(model.state_dict()[k], v) for k, v in head_before.items())  # head untouched
@@ -258,7 +267,7 @@ def test_personal_prediction_never_picks_a_missing_class():
     x = -(m[:, 1] + m[:, 3]).repeat(5, 1) + 0.01 * torch.randn(5, 6)
     z_code = algo.scale * (F.normalize(x, dim=1) @ m) * phi  # the official code's personal logits
     assert set(z_code.argmax(1).tolist()) & {0, 2}  # ... which do pick a missing class here
-    predict = algo.personal_predictor(model, {"etf": m, "proj": {}}, {"phi": phi, "present": present})
+    predict = algo.personal_predictor(model, _work({"etf": m, "proj": {}}, {"phi": phi, "present": present}))
     assert set(predict(x).argmax(1).tolist()) <= {1, 3}
 
 
@@ -266,12 +275,10 @@ def test_personal_and_global_prediction_after_training(tmp_path):
     fed, algo, model = _federation(tmp_path, "partition.classes_per_client=2")
     server = algo.init_server(model)
     client = fed.clients[1]
-    _, state = algo.local_update(
-        model, client, algo.payload_for(server, 1), None, torch.Generator().manual_seed(1)
-    )
+    _, state = algo.local_update(model, client, _work(algo.payload_for(server, 1), seed=1))
     held = set(torch.nonzero(client.label_counts).flatten().tolist())
     assert len(held) == 2
-    pred = algo.personal_predictor(model, algo.payload_for(server, 1), state)(client.test_x).argmax(1)
+    pred = algo.personal_predictor(model, _work(algo.payload_for(server, 1), state))(client.test_x).argmax(1)
     assert set(pred.tolist()) <= held
     glob = algo.global_predictor(model, server)(client.test_x)
     assert glob.shape == (len(client.test_x), 10) and torch.isfinite(glob).all()
@@ -309,7 +316,7 @@ def test_projection_and_batchnorm_are_trained_sent_and_averaged(tmp_path):
     }  # fmt: skip
     payload = algo.payload_for(server, 0)
     before = {k: v.clone() for k, v in server["proj"].items()}
-    reply, state = algo.local_update(model, fed.clients[0], payload, None, torch.Generator().manual_seed(0))
+    reply, state = algo.local_update(model, fed.clients[0], _work(payload, seed=0))
     assert all(not torch.equal(reply["proj"][k], before[k]) for k in before)  # all trained / updated
     assert all(torch.equal(payload["proj"][k], before[k]) for k in before)  # the payload is untouched
     assert torch.equal(state["proj"]["fc1.weight"], reply["proj"]["fc1.weight"])
@@ -342,7 +349,7 @@ def test_empty_client_trains_nothing_and_weighs_nothing():
     )
     model = Identity(3, 3)
     payload = {"model": {"scale": torch.ones(())}, "etf": _etf(3, 3).float(), "proj": {}}
-    reply, _ = algo.local_update(model, data, payload, None, torch.Generator().manual_seed(0))
+    reply, _ = algo.local_update(model, data, _work(payload, seed=0))
     assert reply["num_samples"] == 0 and reply["weight"] == 0.0
 
 

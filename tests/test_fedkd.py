@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_client
-from fedpcd.algorithms import Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fedkd import (
     adaptive_mutual_losses,
@@ -36,7 +36,6 @@ def _alg(rounds: int = 4, **params):
     alg = build_algorithm("fedkd", {"shared_model": "mlp", **params})
     local = LocalTraining(epochs=1, batch_size=4, lr=0.1)
     alg.setup(Context(3, S, rounds, 0, local, heterogeneous=True, input_shape=(1, 2, 2)))
-    alg.round = 1
     return alg
 
 
@@ -181,13 +180,14 @@ def test_reply_carries_only_the_compressed_student_update():
     teacher = _teacher()
     payload = alg.payload_for(alg.init_server(teacher), 0)
     assert set(payload) == {"model"}  # the download is the student only
-    reply, state = alg.local_update(teacher, _data(), payload, None, _rng())
+    work = LocalWork(payload, None, _rng())
+    reply, state = alg.local_update(teacher, _data(), work)
     assert set(reply) == {"update", "num_samples", "train_loss"}
     update = reply["update"]
     assert set(update) == set(payload["model"])  # the student's keys; nothing of the teacher
     for key, w in payload["model"].items():
         assert isinstance(update[key], dict) == (w.dim() >= 2)
-    trained = alg.shared.state_dict()
+    trained = work.shared.state_dict()
     delta = {k: trained[k] - w for k, w in payload["model"].items()}
     assert tensor_bytes(reply) < tensor_bytes(delta)  # the factors are smaller than the dense update
     back = reconstruct_update(update, payload["model"])
@@ -204,26 +204,28 @@ def test_reply_carries_only_the_compressed_student_update():
 def test_projection_comes_from_the_state_and_can_be_switched_off():
     alg = _alg()
     payload = alg.payload_for(alg.init_server(_teacher()), 0)
-    _, state = alg.local_update(_teacher(), _data(), payload, None, _rng())
-    alg.load_projection(_teacher(), None)  # first participation: the identity
-    assert torch.equal(alg.map_hidden.weight, torch.eye(8, 200))
-    projection = alg.map_hidden
-    alg.load_projection(_teacher(), state)
-    assert alg.map_hidden is projection and torch.equal(alg.map_hidden.weight, state["projection"])
+    _, state = alg.local_update(_teacher(), _data(), LocalWork(payload, None, _rng()))
+    first = LocalWork(payload, None, _rng())
+    alg.begin_local(_teacher(), _data(), first)  # first participation: the identity
+    assert torch.equal(first.projection, torch.eye(8, 200)) and first.projection.requires_grad
+    later = LocalWork(payload, state, _rng())
+    alg.begin_local(_teacher(), _data(), later)
+    assert torch.equal(later.projection, state["projection"]) and later.projection is not state["projection"]
     off = _alg(hidden_projection=False)
     with pytest.raises(UserError, match="equal feature widths"):
-        off.local_update(_teacher(hidden=8), _data(), payload, None, _rng())
-    _, state = off.local_update(_teacher(hidden=200), _data(), payload, None, _rng())
+        off.local_update(_teacher(hidden=8), _data(), LocalWork(payload, None, _rng()))
+    _, state = off.local_update(_teacher(hidden=200), _data(), LocalWork(payload, None, _rng()))
     assert set(state) == {"model"}
 
 
 def test_lossless_threshold_reproduces_the_trained_student():
     alg = _alg(t_start=1.0, t_end=1.0)
     server = alg.init_server(_teacher())
-    reply, _ = alg.local_update(_teacher(), _data(), alg.payload_for(server, 0), None, _rng())
+    work = LocalWork(alg.payload_for(server, 0), None, _rng())
+    reply, _ = alg.local_update(_teacher(), _data(), work)
     server = alg.aggregate(server, [reply])
     assert server["round"] == 1
-    assert all(torch.allclose(server["model"][k], v, atol=1e-5) for k, v in alg.shared.state_dict().items())
+    assert all(torch.allclose(server["model"][k], v, atol=1e-5) for k, v in work.shared.state_dict().items())
 
 
 # ----- the server -----

@@ -1,4 +1,4 @@
-"""FedMR (specs/fedmr.md): intra loss (Eq. 3, both scales), inter hinge (Eq. 4), prototype protocol."""
+"""FedMR (Fan et al., TMLR 2023): intra loss (Eq. 3, both scales), inter hinge (Eq. 4), prototype protocol."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_client
-from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import aggregate_prototypes, raw_class_means
 from fedpcd.algorithms.fedmr import inter_class_loss, intra_class_loss, negative_mask
 from fedpcd.config import load_config
@@ -18,6 +18,12 @@ from fedpcd.models import build_model
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=32"]
 F64 = torch.float64
+
+
+def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
+    """A client update's work (round 1) with ``values`` as working values."""
+    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
+    return LocalWork(payload, state, rng, **values)
 
 
 def _fedmr(num_classes: int = 3, num_clients: int = 2, **params):
@@ -43,7 +49,7 @@ def _pearson_offdiag_sq(z: torch.Tensor) -> torch.Tensor:
     return r.pow(2).sum() - torch.diagonal(r).pow(2).sum()
 
 
-# ----- intra-class loss (Eq. 3; spec 2.1) -----
+# ----- intra-class loss (Eq. 3; Sec. 3.3.1) -----
 
 
 def test_intra_zero_for_identity_correlation_and_paper_value_d_n_over_n_minus_1_squared():
@@ -125,7 +131,7 @@ def test_intra_gradcheck_float64(impl):
         torch.testing.assert_close(z.grad[y == c].sum(0), torch.zeros(5, dtype=F64), atol=1e-10, rtol=0)
 
 
-# ----- inter-class hinge (Eq. 4; spec 2.2) -----
+# ----- inter-class hinge (Eq. 4; Sec. 3.3.2) -----
 
 PROTOS_2D = torch.tensor([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0]], dtype=F64)
 
@@ -229,10 +235,7 @@ def test_first_round_sends_no_prototypes_and_submitters_are_fixed():
     data = _client([0, 0, 1, 1, 2, 2])
     replies = []
     for k in (int(server["submitters"].int().argmax()), int((~server["submitters"]).int().argmax())):
-        alg.round = 1
-        reply, _ = alg.local_update(
-            model, data, alg.payload_for(server, k), None, torch.Generator().manual_seed(k)
-        )
+        reply, _ = alg.local_update(model, data, _work(alg.payload_for(server, k), seed=k))
         replies.append(reply)
     assert "class_means" in replies[0] and "class_means" not in replies[1]
     assert replies[0]["class_means"].shape == (3, model.feature_dim)
@@ -252,20 +255,17 @@ def test_lite_uses_n_samples_per_batch():
     protos, known = torch.randn(3, 8), torch.ones(3, dtype=torch.bool)
     payload = {"model": None, "prototypes": protos, "known": known, "submit": True}
     alg = _fedmr(mu1=0.0, mu2=1.0, lite_samples=2)
-    alg._local = data.label_counts > 0
-    alg._lite_rng = torch.Generator().manual_seed(5)
+    local = data.label_counts > 0
     batch = (data.x, data.y)
-    got = alg.loss(model, batch, payload, None)
+    got = alg.loss(model, batch, _work(payload, local=local, lite_rng=torch.Generator().manual_seed(5)))
     pick = torch.randperm(6, generator=torch.Generator().manual_seed(5))[:2]
     z = model.features(data.x)
     ce = torch.nn.functional.cross_entropy(model.head(z), data.y)
-    neg = negative_mask(known, alg._local, "local")
+    neg = negative_mask(known, local, "local")
     torch.testing.assert_close(got, ce + inter_class_loss(z[pick], data.y[pick], protos, neg))
     big = _fedmr(mu1=0.0, mu2=1.0, lite_samples=64)  # n >= batch: all samples
-    big._local, big._lite_rng = alg._local, torch.Generator()
-    torch.testing.assert_close(
-        big.loss(model, batch, payload, None), ce + inter_class_loss(z, data.y, protos, neg)
-    )
+    work = _work(payload, local=local, lite_rng=torch.Generator())
+    torch.testing.assert_close(big.loss(model, batch, work), ce + inter_class_loss(z, data.y, protos, neg))
 
 
 # ----- end to end -----

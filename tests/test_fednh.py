@@ -1,4 +1,5 @@
-"""FedNH (specs/fednh.md): prototype init, cosine logits, frozen prototypes, server update, end to end."""
+"""FedNH (Dai et al., AAAI 2023): prototype init, cosine logits, frozen prototypes, server update, end to
+end."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_client
-from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fednh import (
     class_feature_means,
     cosine_logits,
@@ -23,6 +24,12 @@ from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys, build_model, head_keys
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
+
+
+def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
+    """A client update's work (round 1) with ``values`` as working values."""
+    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
+    return LocalWork(payload, state, rng, **values)
 
 
 def _fednh(num_classes: int = 3, seed: int = 0, epochs: int = 2, **params):
@@ -50,7 +57,7 @@ def _gram_offdiag(w: torch.Tensor) -> torch.Tensor:
     return g[~torch.eye(len(w), dtype=torch.bool)]
 
 
-# ----- initialisation (spec 2.2) -----
+# ----- initialisation (Eq. 1) -----
 
 
 @pytest.mark.parametrize(("c", "d"), [(10, 84), (10, 9), (100, 192), (4, 3), (2, 1)])
@@ -110,7 +117,7 @@ def test_server_initialises_from_the_run_seed_without_the_head():
     assert not torch.equal(s1["prototypes"], other["prototypes"])
 
 
-# ----- forward (spec 2.1) -----
+# ----- forward (Eq. 2) -----
 
 
 def test_cosine_logits_by_hand():
@@ -122,7 +129,7 @@ def test_cosine_logits_by_hand():
     assert cosine_logits(torch.randn(50, 2), p, 2.5).abs().max() <= 2.5 + 1e-6  # |logit| <= s
 
 
-# ----- client update (spec 2.3, 2.4) -----
+# ----- client update (Eqs. 2-3) -----
 
 
 def test_prototypes_are_not_in_the_optimizer_and_unchanged_by_local_training(monkeypatch):
@@ -142,14 +149,15 @@ def test_prototypes_are_not_in_the_optimizer_and_unchanged_by_local_training(mon
         return real_sgd(params, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim, "SGD", spy)
-    reply, _ = alg.local_update(model, _client(), payload, None, torch.Generator().manual_seed(0))
+    work = _work(payload, seed=0)
+    reply, _ = alg.local_update(model, _client(), work)
 
     (params,) = captured
     proto_ptr = payload["prototypes"].untyped_storage().data_ptr()
     assert all(p.untyped_storage().data_ptr() != proto_ptr for p in params)
     assert not payload["prototypes"].requires_grad
     body = [p for n, p in model.named_parameters() if not n.startswith("head.")]
-    assert {id(p) for p in params} == {id(p) for p in body} | {id(alg._scale)}  # body + s, no head
+    assert {id(p) for p in params} == {id(p) for p in body} | {id(work.scale)}  # body + s, no head
     assert torch.equal(payload["prototypes"], protos_before)  # bit-identical after E epochs of SGD
     assert torch.equal(server["prototypes"], protos_before)
     assert any(not torch.equal(reply["model"][k], body_before[k]) for k in body_before)  # theta moved
@@ -161,9 +169,10 @@ def test_fixed_scale_is_not_trained():
     model = build_model("mlp", 1, 3, 2, hidden=8)
     alg = _fednh(learn_scale=False, scale_init=30.0)
     server = alg.init_server(model)
-    reply, _ = alg.local_update(model, _client(), alg.payload_for(server, 0), None, torch.Generator())
-    params = list(alg.trainable_parameters(model, {}, None))
-    assert float(reply["scale"]) == 30.0 and all(p is not alg._scale for p in params)
+    work = _work(alg.payload_for(server, 0))
+    reply, _ = alg.local_update(model, _client(), work)
+    params = list(alg.trainable_parameters(model, work))
+    assert float(reply["scale"]) == 30.0 and all(p is not work.scale for p in params)
 
 
 def test_class_means_of_normalised_features_only_for_held_classes():
@@ -182,7 +191,7 @@ def test_reply_carries_what_each_weighting_needs():
     for weighting, keys in [("count_code", {"class_counts"}), ("uniform_paper", set())]:
         alg = _fednh(num_classes=4, epochs=1, proto_weighting=weighting)
         payload = alg.payload_for(alg.init_server(model), 0)
-        reply, _ = alg.local_update(model, data, payload, None, torch.Generator())
+        reply, _ = alg.local_update(model, data, _work(payload))
         assert reply["classes"].tolist() == [1, 3]
         assert reply["class_means"].shape == (2, 6)
         assert {"class_counts"} & set(reply) == keys
@@ -191,7 +200,7 @@ def test_reply_carries_what_each_weighting_needs():
             torch.testing.assert_close(reply["class_means"].norm(dim=1), torch.ones(2))
 
 
-# ----- server update (spec 2.5) -----
+# ----- server update (Eq. 4) -----
 
 
 def _replies():
@@ -225,7 +234,7 @@ def test_server_update_paper_uniform_closed_form():
     rho = 0.7
     new = _fednh(rho=rho, proto_weighting="uniform_paper").update_prototypes(P0.clone(), [a, b])
     agg0 = (torch.tensor([0.6, 0.0]) + torch.tensor([0.0, 0.8])) / 2  # alpha_k = 1/|S|, raw means
-    agg1 = torch.tensor([0.0, 0.5]) / 2  # b lacks class 1: its zero mean still counts (spec 2.5)
+    agg1 = torch.tensor([0.0, 0.5]) / 2  # b lacks class 1: its zero mean still counts ([P]'s alpha_k = 1/|S|)
     torch.testing.assert_close(new[0], F.normalize(rho * P0[0] + (1 - rho) * agg0, dim=0))
     torch.testing.assert_close(new[1], F.normalize(rho * P0[1] + (1 - rho) * agg1, dim=0))
     assert torch.equal(new[2], P0[2])
@@ -274,7 +283,7 @@ def test_aggregate_averages_body_and_scale_unweighted_by_default():
     assert out["model"]["w"].tolist() == [2.5, 5.0] and float(out["scale"]) == 3.5
 
 
-# ----- predictors (spec 2.6) and end to end -----
+# ----- predictors (Sec. 4.1) and end to end -----
 
 
 def test_personal_predictor_uses_the_prototypes_it_trained_against():
@@ -283,8 +292,9 @@ def test_personal_predictor_uses_the_prototypes_it_trained_against():
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
     data = _client()
-    reply, _ = alg.local_update(model, data, payload, None, torch.Generator())
-    personal = alg.personal_predictor(model, payload, None)
+    work = _work(payload)
+    reply, _ = alg.local_update(model, data, work)
+    personal = alg.personal_predictor(model, work)
     server = alg.aggregate(server, [reply])
     assert not torch.equal(server["prototypes"], payload["prototypes"])
     with torch.no_grad():

@@ -1,5 +1,5 @@
-"""FedSSA (issue 9) and model-heterogeneous federations: the schedule, per-class aggregation, fusion, what
-leaves a client, bytes, the Standalone equivalence, and heterogeneous end-to-end runs."""
+"""FedSSA (Yi et al., IJCAI 2024) and model-heterogeneous federations: the schedule, per-class aggregation,
+fusion, what leaves a client, bytes, the Standalone equivalence, and heterogeneous end-to-end runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_client
-from fedpcd.algorithms import Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedssa import per_class_mean, stabilisation_weight
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
@@ -26,7 +26,6 @@ def _alg(num_clients: int = 3, heterogeneous: bool = False, **params):
     alg = build_algorithm("fedssa", params)
     local = LocalTraining(epochs=1, batch_size=4, lr=0.1, momentum=0.0, weight_decay=0.0)
     alg.setup(Context(num_clients, S, 10, 0, local, heterogeneous=heterogeneous))
-    alg.round = 1
     return alg
 
 
@@ -43,7 +42,7 @@ def _rng(seed: int = 1) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-# ----- schedule (spec T2) -----
+# ----- schedule (Sec. 4.2) -----
 
 
 def test_schedule_values():
@@ -65,7 +64,7 @@ def test_default_t_stable_follows_the_official_scripts():
     assert _alg(case="B").mu(0) == 0.0 and _alg(case="A").mu(0) == 0.0 and _alg().mu(0) == 0.5
 
 
-# ----- per-class aggregation (spec T1) -----
+# ----- per-class aggregation (Eq. 3) -----
 
 
 def _fig1_uploads():
@@ -122,7 +121,7 @@ def test_first_download_is_the_whole_header_and_case_a_always_is():
     assert _alg(case="A").payload_for(server, 0)["weight"].shape == (S, D)
 
 
-# ----- fusion (spec T3) and what leaves the client -----
+# ----- fusion (Eq. 4) and what leaves the client -----
 
 
 def test_fusion_is_literal_on_seen_rows_and_leaves_everything_else():
@@ -131,8 +130,7 @@ def test_fusion_is_literal_on_seen_rows_and_leaves_everything_else():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(5)
     payload = {"weight": torch.randn(2, D, generator=g), "bias": torch.randn(2, generator=g)}
-    alg.round = 2  # t = 1: mu = 0.5 cos(pi/4)
-    alg.fuse(model, payload, torch.tensor([1, 3]))
+    alg.fuse(model, payload, torch.tensor([1, 3]), 2)  # round 2, t = 1: mu = 0.5 cos(pi/4)
     mu = 0.5 * math.cos(math.pi / 4)
     after = model.state_dict()
     assert torch.allclose(
@@ -147,10 +145,10 @@ def test_fusion_is_literal_on_seen_rows_and_leaves_everything_else():
 def test_convex_fusion_and_case_a():
     model, ref = _model(), _model()
     g = {"weight": torch.randn(S, D), "bias": torch.randn(S)}
-    _alg(mu0=0.5, fusion="convex", t_stable=2).fuse(model, g, torch.tensor([0]))
+    _alg(mu0=0.5, fusion="convex", t_stable=2).fuse(model, g, torch.tensor([0]), 1)
     assert torch.allclose(model.head.weight[0], 0.5 * g["weight"][0] + 0.5 * ref.head.weight[0])
     model = _model()
-    _alg(case="A").fuse(model, g, torch.tensor([0]))
+    _alg(case="A").fuse(model, g, torch.tensor([0]), 1)
     assert torch.equal(model.head.weight, g["weight"]) and torch.equal(model.head.bias, g["bias"])
 
 
@@ -159,7 +157,7 @@ def test_only_seen_rows_leave_the_client_and_the_state_is_the_whole_model():
     model = _model()
     server = alg.init_server(model)
     reply, state = alg.local_update(
-        model, _client([0, 0, 3, 3, 3, 0]), alg.payload_for(server, 0), None, _rng()
+        model, _client([0, 0, 3, 3, 3, 0]), LocalWork(alg.payload_for(server, 0), None, _rng())
     )
     tensors = {k for k, v in reply.items() if isinstance(v, torch.Tensor)}
     assert tensors == {"classes", "weight", "bias"}
@@ -178,7 +176,9 @@ def test_zero_filled_upload_gives_the_same_global_header():
         server = alg.init_server(_model())
         replies = []
         for k, d in enumerate(data):
-            reply, _ = alg.local_update(_model(k + 1), d, alg.payload_for(server, k), None, _rng(k))
+            reply, _ = alg.local_update(
+                _model(k + 1), d, LocalWork(alg.payload_for(server, k), None, _rng(k))
+            )
             replies.append(reply)
         if upload == "zero_filled":
             assert all(r["weight"].shape == (S, D) for r in replies)

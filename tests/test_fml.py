@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_client
-from fedpcd.algorithms import Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fml import kl_divergence, mutual_losses
 from fedpcd.config import load_config
@@ -31,7 +31,6 @@ def _ctx(seed: int = 0, rounds: int = 4) -> Context:
 def _alg(name: str = "fml", seed: int = 0, **params):
     alg = build_algorithm(name, {"shared_model": "mlp", **params})
     alg.setup(_ctx(seed))
-    alg.round = 1
     return alg
 
 
@@ -90,12 +89,16 @@ def test_shared_model_is_seeded_identically_everywhere_and_is_one_object():
     assert type(default).heterogeneous
 
     shared = a.shared
+    initial = {k: v.clone() for k, v in shared.state_dict().items()}
     payload = a.payload_for(a.init_server(_private()), 0)
-    a.local_update(_private(), tiny_client(torch.tensor([0, 1, 2, 1]), S, seed=3), payload, None, _rng())
-    assert a.shared is shared  # trained in place, never copied
+    work = LocalWork(payload, None, _rng())
+    a.local_update(_private(), tiny_client(torch.tensor([0, 1, 2, 1]), S, seed=3), work)
+    assert work.shared is not shared  # the update trains its own copy ...
+    assert a.shared is shared and all(torch.equal(v, initial[k]) for k, v in shared.state_dict().items())
     server = {"model": {k: v + 1 for k, v in sa.items()}}
     predictor = a.global_predictor(_private(), server)
-    assert predictor is shared and torch.equal(shared.fc1.weight, server["model"]["fc1.weight"])
+    assert predictor is not shared and torch.equal(predictor.fc1.weight, server["model"]["fc1.weight"])
+    assert all(torch.equal(v, initial[k]) for k, v in shared.state_dict().items())  # ... and so does GA
 
 
 def test_a_shared_model_too_big_for_the_input_is_refused():
@@ -112,12 +115,13 @@ def test_reply_is_the_meme_model_and_the_state_is_the_private_model():
     private = _private(hidden=8)  # a different architecture from the shared mlp (hidden 200)
     payload = alg.payload_for(alg.init_server(private), 0)
     data = tiny_client(torch.tensor([0, 1, 2, 1, 0]), S, seed=4)
-    reply, state = alg.local_update(private, data, payload, None, _rng())
+    work = LocalWork(payload, None, _rng())
+    reply, state = alg.local_update(private, data, work)
     assert set(reply) == {"model", "num_samples", "train_loss"} and reply["num_samples"] == 5
     assert {k: v.shape for k, v in reply["model"].items()} == {
         k: v.shape for k, v in payload["model"].items()
     }
-    assert all(torch.equal(reply["model"][k], v) for k, v in alg.shared.state_dict().items())
+    assert all(torch.equal(reply["model"][k], v) for k, v in work.shared.state_dict().items())
     assert not torch.equal(reply["model"]["fc1.weight"], payload["model"]["fc1.weight"])  # it trained
     assert tensor_bytes(reply) == tensor_bytes(payload)  # up = down = the shared model
     assert set(state) == {"model"} and all(
@@ -128,7 +132,7 @@ def test_reply_is_the_meme_model_and_the_state_is_the_private_model():
     after = []
     for seed in (9, 10):
         handed = _private(hidden=8, seed=seed)
-        alg.local_update(handed, data, payload, state, _rng(2))
+        alg.local_update(handed, data, LocalWork(payload, state, _rng(2)))
         after.append(handed.state_dict())
     assert all(torch.equal(after[0][k], after[1][k]) for k in after[0])
 
@@ -137,12 +141,11 @@ def test_with_alpha_beta_one_the_meme_trains_exactly_like_fedavg():
     data = tiny_client(torch.tensor([0, 1, 2, 1, 0, 2, 2]), S, seed=5)
     fml = _alg(alpha=1.0, beta=1.0)
     payload = fml.payload_for(fml.init_server(_private()), 0)
-    reply, _ = fml.local_update(_private(), data, payload, None, _rng())
+    reply, _ = fml.local_update(_private(), data, LocalWork(payload, None, _rng()))
     fedavg = build_algorithm("fedavg")
     fedavg.setup(_ctx())
-    fedavg.round = 1
     model = build_model("mlp", 1, S, 2)
-    ref, _ = fedavg.local_update(model, data, payload, None, _rng())
+    ref, _ = fedavg.local_update(model, data, LocalWork(payload, None, _rng()))
     assert all(torch.allclose(reply["model"][k], ref["model"][k], atol=1e-6) for k in ref["model"])
 
 

@@ -1,4 +1,4 @@
-"""Generic FL baselines (issue 10, part A): FedProx, SCAFFOLD, FedNova, FedDyn, FedDC.
+"""Generic FL baselines, part A: FedProx, SCAFFOLD, FedNova, FedDyn, FedDC.
 
 Per method: its distinctive formula against a value computed by hand on tiny tensors, its reduction to FedAvg
 where one holds, and a short end-to-end run on ``synthetic``. Equality with FedAvg is exact (``torch.equal``)
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import local_steps
 from fedpcd.algorithms.fednova import effective_steps
 from fedpcd.algorithms.scaffold import Scaffold, option_two_control
@@ -32,7 +32,6 @@ def _alg(name: str, *, epochs: int = 1, momentum: float = 0.0, clients: int = 2,
     alg = build_algorithm(name, params)
     local = LocalTraining(epochs=epochs, batch_size=4, lr=0.1, momentum=momentum, weight_decay=0.0)
     alg.setup(Context(num_clients=clients, num_classes=3, rounds=1, seed=0, local=local))
-    alg.round = 1
     return alg
 
 
@@ -58,7 +57,7 @@ def _client(n: int = 10, cid: int = 0) -> ClientData:
 
 
 def _update(alg, model, data, payload, state=None, seed: int = 1):
-    return alg.local_update(model, data, payload, state, torch.Generator().manual_seed(seed))
+    return alg.local_update(model, data, LocalWork(payload, state, torch.Generator().manual_seed(seed)))
 
 
 def _server_model(run_dir) -> dict[str, torch.Tensor]:
@@ -96,7 +95,7 @@ def test_fedprox_loss_adds_half_mu_squared_distance():
             p.add_(0.5)  # every parameter 0.5 away from w^t
     numel = sum(p.numel() for p in model.parameters())
     batch = (data.x[:4], data.y[:4])
-    loss = alg.loss(model, batch, {"model": ref}, None)
+    loss = alg.loss(model, batch, LocalWork({"model": ref}, None, torch.Generator()))
     ce = F.cross_entropy(model(batch[0]), batch[1])
     torch.testing.assert_close(loss - ce, torch.tensor(0.3 / 2 * 0.25 * numel))
     model.zero_grad()
@@ -128,9 +127,9 @@ def test_scaffold_option_two_by_hand():
 
 def test_scaffold_before_step_adds_c_minus_c_i():
     alg, model = _alg("scaffold"), _model()
-    alg._correction = {k: torch.full_like(v, 1.0 - 0.25) for k, v in model.named_parameters()}
+    correction = {k: torch.full_like(v, 1.0 - 0.25) for k, v in model.named_parameters()}
     _set_grads(model, 2.0)
-    alg.before_step(model, {}, None)
+    alg.before_step(model, LocalWork({}, None, torch.Generator(), correction=correction))
     for p in model.parameters():
         torch.testing.assert_close(p.grad, torch.full_like(p, 2.75))
 
@@ -140,13 +139,12 @@ def test_scaffold_control_denominator_is_all_local_steps():
     grads: list[dict[str, torch.Tensor]] = []
 
     class Recording(Scaffold):
-        def before_step(self, model, payload, state):
-            super().before_step(model, payload, state)
+        def before_step(self, model, work):
+            super().before_step(model, work)
             grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
 
     alg = Recording()
     alg.setup(_alg("scaffold", epochs=2).ctx)
-    alg.round = 1
     model, data = _model(), _client(n=10)
     server = alg.init_server(model)
     reply, state = _update(alg, model, data, alg.payload_for(server, 0))
@@ -249,9 +247,9 @@ def test_fednova_equal_steps_without_momentum_equals_fedavg(tmp_path):
 def test_feddyn_before_step_adds_dynamic_regulariser_gradient():
     alg, model = _alg("feddyn", alpha=0.5), _model()
     prev = {k: v.clone() - 1.0 for k, v in model.state_dict().items()}  # theta - theta^{t-1} = 1
-    alg._linear = {k: torch.full_like(p, -0.25) for k, p in model.named_parameters()}  # grad state 0.25
+    linear = {k: torch.full_like(p, -0.25) for k, p in model.named_parameters()}  # grad state 0.25
     _set_grads(model, 2.0)
-    alg.before_step(model, {"model": prev}, None)
+    alg.before_step(model, LocalWork({"model": prev}, None, torch.Generator(), linear=linear))
     for p in model.parameters():  # 2 - 0.25 + 0.5 * 1
         torch.testing.assert_close(p.grad, torch.full_like(p, 2.25))
 
@@ -288,9 +286,10 @@ def test_feddc_before_step_adds_correction_and_drift_penalty():
     alg, model = _alg("feddc", alpha=0.5), _model()
     w = {k: v.clone() - 1.0 for k, v in model.state_dict().items()}  # theta - w = 1
     drift = {k: torch.full_like(p, 0.5) for k, p in model.named_parameters()}
-    alg._correction = {k: torch.full_like(p, 0.25) for k, p in model.named_parameters()}  # c - c_i
+    correction = {k: torch.full_like(p, 0.25) for k, p in model.named_parameters()}  # c - c_i
     _set_grads(model, 2.0)
-    alg.before_step(model, {"model": w}, {"drift": drift})
+    work = LocalWork({"model": w}, {"drift": drift}, torch.Generator(), correction=correction)
+    alg.before_step(model, work)
     for p in model.parameters():  # 2 + 0.25 + 0.5 * (1 + 0.5)
         torch.testing.assert_close(p.grad, torch.full_like(p, 3.0))
 

@@ -1,4 +1,4 @@
-"""Every metric formula on hand-made tensors (DESIGN.md 'Metrics')."""
+"""Every metric formula on hand-made tensors (docs/design.md section 6)."""
 
 from __future__ import annotations
 

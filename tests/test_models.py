@@ -19,7 +19,7 @@ FEATURE_DIM = {
     **{f"cnn{i}": 500 for i in range(1, 6)},
 }
 
-# specs/fedssa.md section 3 (FedSSA Table 4), input 3x32x32: {model: (S=10, S=100)}.
+# FedSSA Table 4's models (the counts computed from its layer sizes), input 3x32x32: {model: (S=10, S=100)}.
 ZOO_COUNTS = {
     "cnn1": (2_621_558, 2_666_648),
     "cnn2": (1_815_142, 1_860_232),

@@ -291,7 +291,7 @@ def test_longtail_sizes_follow_profile() -> None:
 
 
 def test_longtail_fedsc_cifar10_pool_size() -> None:
-    # FedSC: CIFAR-10 at rho=10 keeps 20,431 samples (specs/fedsc.md section 4).
+    # FedSC: CIFAR-10 at rho=10 keeps 20,431 samples (its official code's long-tail pool).
     y = np.repeat(np.arange(10), 5000)
     part = make_partition(y, BALANCED_TEST, 10, "longtail", {"rho": 10.0}, 0)
     assert sum(len(a) for a in part.train) == 20431
@@ -335,7 +335,7 @@ def test_fedssa_official_rule_can_repeat_a_class_distinct_never_does() -> None:
         fewer.append(int((held < 4).sum()))
         sizes = [len(ix) for ix in part.train]
         assert len(np.concatenate(part.train)) == len(set(np.concatenate(part.train).tolist())) == sum(sizes)
-    assert fewer[0] == 0 and fewer[1] > 0  # spec P8: some clients hold < 4 classes under the official pick
+    assert fewer[0] == 0 and fewer[1] > 0  # some clients hold < 4 classes under the official pick
     with pytest.raises(UserError, match="rule must be"):
         make_partition(y, BALANCED_TEST, 10, "fedssa", {"rule": "other"}, 0)
 
@@ -495,12 +495,30 @@ def test_bad_inputs() -> None:
         ('{"clients": [[0, 1]]}', "lists 1 clients but the config asks for 2"),
         ('{"0": [0], "2": [1]}', "without gaps"),
         ('{"clients": [[0, 1.5], [2]]}', "integer indices"),
+        (
+            json.dumps({"clients": [[0, 2**70], [2]]}),
+            r"client 0: index out of range \[0, 1000\): 1180591620717411303424",
+        ),
+        (
+            json.dumps({"clients": [[-(2**70)], [2]]}),
+            r"client 0: index out of range \[0, 1000\): -1180591620717411303424",
+        ),
+        (
+            '{"clients": [[' + "9" * 5000 + "], [2]]}",
+            r"holds an integer too long to read \(over 4300 digits\)",
+        ),
+        ("[" * 100000 + "]" * 100000, "is nested more than 3 levels deep"),
+        ('{"clients": [[[0]], [2]]}', "is nested more than 3 levels deep"),
+        ('{"clients": [[], []]}', "every client's list is empty"),
+        ('{"0": [0], "\u00b9": [1]}', "expected"),  # a superscript digit is no client number
+        (json.dumps({"0": [0], "1" * 5000: [1]}), "expected"),
+        ("\udcff", "not UTF-8 text"),
     ],
 )
 def test_bad_explicit_file(tmp_path: Path, content: str | None, pattern: str) -> None:
     path = tmp_path / "clients.json"
     if content is not None:
-        path.write_text(content)
+        path.write_bytes(content.encode("utf-8", "surrogateescape"))
     with pytest.raises(UserError, match=pattern) as info:
         make_partition(BALANCED, BALANCED_TEST, 2, "explicit", {"path": str(path)}, 0)
     assert str(path) in str(info.value)

@@ -1,4 +1,4 @@
-"""Personalised baselines (issue 11): Local, FedPer, FedRep, FedBABU, FedRoD, LG-FedAvg.
+"""Personalised baselines: Local, FedPer, FedRep, FedBABU, FedRoD, LG-FedAvg.
 
 Formulas on tiny tensors, what replies may carry (never the private part), FedBABU's frozen head, and a
 short end-to-end run of each on synthetic data.
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_client
-from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
+from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import balanced_softmax_loss, log_prior, tensor_bytes
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
@@ -22,6 +22,12 @@ from fedpcd.models import backbone_keys, build_model, head_keys
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 NAMES = ["local", "fedper", "fedrep", "fedbabu", "fedrod", "lgfedavg"]
+
+
+def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
+    """A client update's work (round 1) with ``values`` as working values."""
+    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
+    return LocalWork(payload, state, rng, **values)
 
 
 def _alg(name: str, epochs: int = 1, rounds: int = 1, **params):
@@ -35,7 +41,6 @@ def _alg(name: str, epochs: int = 1, rounds: int = 1, **params):
             local=LocalTraining(epochs=epochs, batch_size=4, lr=0.1, momentum=0.0, weight_decay=0.0),
         )
     )
-    alg.round = 1
     return alg
 
 
@@ -87,7 +92,7 @@ def test_replies_never_carry_the_private_part_and_state_holds_it(name, private):
     keys = {"head": head_keys(model), "body": backbone_keys(model), "all": list(model.state_dict())}[private]
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
-    reply, state = alg.local_update(model, _client(), payload, None, _rng())
+    reply, state = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
     assert set(reply["model"]).isdisjoint(keys)
     assert set(reply["model"]) | set(keys) == set(model.state_dict())
     assert set(state) == set(keys)
@@ -109,12 +114,12 @@ def test_private_part_never_travels_and_a_new_client_starts_from_its_fresh_model
     assert all(set(p) == {"model"} and set(p["model"]) == shared for p in payloads)
     # a client without state starts from the private part of the model it is handed (the engine resets it
     # to the architecture's seeded initial weights), whatever the previous client left in that object
-    _, s0 = alg.local_update(model, _client(0), payloads[0], None, _rng())
+    _, s0 = alg.local_update(model, _client(0), LocalWork(payloads[0], None, _rng()))
     model.load_state_dict(initial)
-    _, s1 = alg.local_update(model, _client(1), payloads[1], None, _rng())
+    _, s1 = alg.local_update(model, _client(1), LocalWork(payloads[1], None, _rng()))
     model2 = _model()
     payload2 = alg.payload_for(alg.init_server(model2), 1)
-    _, s1_fresh = alg.local_update(model2, _client(1), payload2, None, _rng())
+    _, s1_fresh = alg.local_update(model2, _client(1), LocalWork(payload2, None, _rng()))
     assert _equal(s1, s1_fresh)
 
 
@@ -122,7 +127,7 @@ def test_fedper_trains_head_and_body_and_keeps_the_head_across_rounds():
     alg, model = _alg("fedper"), _model()
     server = alg.init_server(model)
     p0 = alg.payload_for(server, 0)
-    reply, state = alg.local_update(model, _client(), p0, None, _rng())
+    reply, state = alg.local_update(model, _client(), LocalWork(p0, None, _rng()))
     assert not torch.equal(state["head.weight"], server["initial"]["head.weight"])
     server = alg.aggregate(server, [reply])
     p1 = alg.payload_for(server, 0)
@@ -137,7 +142,7 @@ def test_global_model_is_averaged_body_with_the_initial_head(name):
     server = alg.init_server(model)
     replies = []
     for k in range(2):
-        reply, _ = alg.local_update(model, _client(k), alg.payload_for(server, k), None, _rng(k))
+        reply, _ = alg.local_update(model, _client(k), LocalWork(alg.payload_for(server, k), None, _rng(k)))
         replies.append(reply)
     n = [r["num_samples"] for r in replies]
     server = alg.aggregate(server, replies)
@@ -152,8 +157,10 @@ def test_lgfedavg_averages_only_the_head_and_has_no_global_model():
     alg, model = _alg("lgfedavg"), _model()
     server = alg.init_server(model)
     assert set(server["model"]) == set(head_keys(model))
-    r0, s0 = alg.local_update(model, _client(0), alg.payload_for(server, 0), None, _rng(0))
-    r1, _ = alg.local_update(model, _client(1, [0, 0, 1]), alg.payload_for(server, 1), None, _rng(1))
+    r0, s0 = alg.local_update(model, _client(0), LocalWork(alg.payload_for(server, 0), None, _rng(0)))
+    r1, _ = alg.local_update(
+        model, _client(1, [0, 0, 1]), LocalWork(alg.payload_for(server, 1), None, _rng(1))
+    )
     server = alg.aggregate(server, [r0, r1])
     torch.testing.assert_close(
         server["model"]["head.bias"], (8 * r0["model"]["head.bias"] + 3 * r1["model"]["head.bias"]) / 11
@@ -169,12 +176,12 @@ def test_local_communicates_nothing_and_has_no_global_model():
     server = alg.init_server(model)
     first = alg.payload_for(server, 0)
     assert tensor_bytes(first) == 0  # the client builds its own initial model
-    reply, state = alg.local_update(model, _client(), first, None, _rng())
+    reply, state = alg.local_update(model, _client(), LocalWork(first, None, _rng()))
     assert tensor_bytes(reply) == 0
     assert tensor_bytes(alg.payload_for(server, 0)) == 0
     assert alg.aggregate(server, [reply]) is server
     assert alg.global_predictor(model, server) is None
-    reply2, state2 = alg.local_update(model, _client(), alg.payload_for(server, 0), state, _rng(2))
+    reply2, state2 = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), state, _rng(2)))
     assert not _equal(state, state2)  # continues from its own model
 
 
@@ -185,7 +192,7 @@ def test_fedrep_trains_the_head_then_the_body(monkeypatch):
     alg, model = _alg("fedrep", head_epochs=2, body_epochs=1), _model()
     seen = _spy_optimisers(monkeypatch)
     server = alg.init_server(model)
-    reply, state = alg.local_update(model, _client(), alg.payload_for(server, 0), None, _rng())
+    reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, _rng()))
     head = _ids(model.head.parameters())
     assert seen == [head, _ids(model.parameters()) - head]
     assert not torch.equal(state["head.weight"], server["initial"]["head.weight"])
@@ -197,12 +204,10 @@ def test_fedrep_head_phase_leaves_the_body_and_body_phase_leaves_the_head():
     payload = alg.payload_for(server, 0)
     state = server["initial"]
     alg.load_payload(model, payload, state)
-    alg._phase = "head"
-    alg.train(model, _client(), payload, state, _rng(), epochs=1)
+    alg.train(model, _client(), LocalWork(payload, state, _rng(), phase="head"), epochs=1)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in server["model"].items())
     head = {k: v.clone() for k, v in model.head.state_dict().items()}
-    alg._phase = "body"
-    alg.train(model, _client(), payload, state, _rng(), epochs=1)
+    alg.train(model, _client(), LocalWork(payload, state, _rng(), phase="body"), epochs=1)
     assert _equal(head, model.head.state_dict())
     assert not torch.equal(model.state_dict()["fc1.weight"], server["model"]["fc1.weight"])
 
@@ -217,7 +222,7 @@ def test_fedrep_default_body_epochs_are_local_epochs(monkeypatch):
         return real(self, *args, epochs=epochs, lr=lr)
 
     monkeypatch.setattr(type(alg), "train", count)
-    alg.local_update(model, _client(), alg.payload_for(alg.init_server(model), 0), None, _rng())
+    alg.local_update(model, _client(), LocalWork(alg.payload_for(alg.init_server(model), 0), None, _rng()))
     assert calls == [0, None]  # head phase of 0 epochs, then the body for local.epochs (3)
 
 
@@ -231,8 +236,8 @@ def test_fedbabu_head_never_in_the_optimiser_and_unchanged_during_fl(monkeypatch
     initial = {k: v.clone() for k, v in server["initial"].items()}
     state = None
     for rnd in (1, 2):
-        alg.round = rnd
-        reply, state = alg.local_update(model, _client(), alg.payload_for(server, 0), state, _rng(rnd))
+        work = LocalWork(alg.payload_for(server, 0), state, _rng(rnd), round=rnd)
+        reply, state = alg.local_update(model, _client(), work)
         server = alg.aggregate(server, [reply])
         assert _equal(state, initial)  # the head the client keeps is the initial one, always
     assert _equal(server["initial"], initial)
@@ -245,8 +250,8 @@ def test_fedbabu_finetunes_from_the_global_body_by_default():
     alg, model = _alg("fedbabu", finetune_epochs=0), _model()
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
-    reply, _ = alg.local_update(model, _client(), payload, None, _rng())
-    personal = alg.personal_predictor(model, payload, None)
+    reply, _ = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
+    personal = alg.personal_predictor(model, _work(payload))
     assert _equal({k: personal.state_dict()[k] for k in server["model"]}, server["model"])  # not local
     assert not _equal(reply["model"], server["model"])
 
@@ -254,11 +259,10 @@ def test_fedbabu_finetunes_from_the_global_body_by_default():
 def test_fedbabu_last_round_option_skips_finetuning_before_round_r():
     alg, model = _alg("fedbabu", rounds=2, finetune_when="last_round", finetune_lr=0.5), _model()
     server = alg.init_server(model)
-    reply, state = alg.local_update(model, _client(), alg.payload_for(server, 0), None, _rng())
+    reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, _rng()))
     assert _equal({k: model.state_dict()[k] for k in reply["model"]}, reply["model"])
     assert torch.equal(model.head.weight, state["head.weight"])
-    alg.round = 2
-    alg.local_update(model, _client(), alg.payload_for(server, 0), state, _rng())
+    alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), state, _rng(), round=2))
     assert not torch.equal(model.head.weight, state["head.weight"])
 
 
@@ -288,15 +292,14 @@ def test_log_prior_and_balanced_softmax_by_hand():
 def test_fedrod_loss_gradients_go_where_the_paper_says():
     alg, model = _alg("fedrod"), _model()
     data = _client(labels=[0, 0, 0, 1])
-    alg._log_prior = log_prior(data.label_counts)
-    alg._phead = {
+    h_p = {
         "weight": torch.randn(3, model.feature_dim, generator=_rng()).requires_grad_(True),
         "bias": torch.randn(3, generator=_rng(2)).requires_grad_(True),
     }
     x, y = data.x, data.y
-    alg.loss(model, (x, y), {}, None).backward()
+    alg.loss(model, (x, y), _work({}, log_prior=log_prior(data.label_counts), personal_head=h_p)).backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
-    got_p = alg._phead["weight"].grad.clone()
+    got_p = h_p["weight"].grad.clone()
     # by hand: body + generic head only from BSM; personal head only from CE(g.detach + p(z.detach))
     model.zero_grad()
     z = model.features(x)
@@ -304,10 +307,10 @@ def test_fedrod_loss_gradients_go_where_the_paper_says():
     F.cross_entropy(g + torch.log(torch.tensor([0.75, 0.25, 0.0])), y).backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(got[n], p.grad)
-    w = alg._phead["weight"].detach().clone().requires_grad_(True)
+    w = h_p["weight"].detach().clone().requires_grad_(True)
     with torch.no_grad():
         zd, gd = model.features(x), model.head(model.features(x))
-    F.cross_entropy(gd + F.linear(zd, w, alg._phead["bias"].detach()), y).backward()
+    F.cross_entropy(gd + F.linear(zd, w, h_p["bias"].detach()), y).backward()
     torch.testing.assert_close(got_p, w.grad)
 
 
@@ -319,17 +322,18 @@ def test_fedrod_personal_head_is_private_zero_initialised_and_added_to_generic_l
     alg.ctx = Context(
         3, 3, 1, 0, LocalTraining(epochs=1, batch_size=4, lr=0.0, momentum=0.0, weight_decay=0.0)
     )
-    _, state0 = alg.local_update(model, _client(), payload, None, _rng())
+    _, state0 = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
     assert all((v == 0).all() for v in state0.values()) and set(state0) == {"weight", "bias"}
     alg.ctx = _alg("fedrod").ctx
-    reply, state = alg.local_update(model, _client(), payload, None, _rng())
+    work = LocalWork(payload, None, _rng())
+    reply, state = alg.local_update(model, _client(), work)
     assert set(reply["model"]) == set(model.state_dict())  # no personal-head tensor in the reply
     assert not (state["weight"] == 0).all()
     x = _client().x
     with torch.no_grad():
         z = model.features(x)
         expect = model.head(z) + F.linear(z, state["weight"], state["bias"])
-        torch.testing.assert_close(alg.personal_predictor(model, payload, state)(x), expect)
+        torch.testing.assert_close(alg.personal_predictor(model, work)(x), expect)
         gm = alg.global_predictor(model, alg.aggregate(server, [reply]))
         torch.testing.assert_close(gm(x), model.head(model.features(x)))
 

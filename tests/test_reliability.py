@@ -1,4 +1,4 @@
-"""Reliability (issue 22): checkpoints and resume (SIGKILL at random moments), weights_only loading, the
+"""Reliability: checkpoints and resume (SIGKILL at random moments), weights_only loading, the
 divergence guard, client failures, the run-directory lock, overwrite protection, input validation."""
 
 from __future__ import annotations
@@ -213,16 +213,16 @@ def _poison(monkeypatch, client: int, rnd: int, how: str = "loss") -> None:
     pin the sequential executor (the vectorized one does not call local_update)."""
     original = FedAvg.local_update
 
-    def local_update(self, model, data, payload, state, rng):
-        if data.id == client and self.round == rnd:
+    def local_update(self, model, data, work):
+        if data.id == client and work.round == rnd:
             if how == "raise":
                 raise ValueError("injected failure")
             if how == "svd":
                 with torch.no_grad():
                     next(model.parameters()).fill_(float("nan"))
                 raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
-        reply, state = original(self, model, data, payload, state, rng)
-        if data.id == client and self.round == rnd:
+        reply, state = original(self, model, data, work)
+        if data.id == client and work.round == rnd:
             if how == "loss":
                 reply["train_loss"] = float("nan")
             else:
@@ -329,7 +329,13 @@ def test_second_process_on_a_running_directory_exits_2_naming_the_holder(tmp_pat
     finally:
         holder.kill()
         holder.wait()
+    capsys.readouterr()
     assert main(["run", "--resume", str(out), "--quiet"]) == 0  # the lock died with its process
+    err = capsys.readouterr().err
+    assert f"cleared the stale lock of process {holder.pid} in {out}" in err
+    assert (out / ".lock").read_text() == ""  # released cleanly: nothing stale left
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    assert "stale lock" not in capsys.readouterr().err
 
 
 def test_output_dir_that_holds_a_run_or_is_a_file(tmp_path, capsys):

@@ -270,7 +270,8 @@ def test_report_on_a_corrupt_run_file_is_one_line(tmp_path, capsys, broken):
     capsys.readouterr()
     assert main(["report", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("fedpcd: error: cannot read") and broken in err and len(err.splitlines()) == 1
+    assert err.startswith("fedpcd: error: ") and f"{run / broken}" in err and len(err.splitlines()) == 1
+    assert "not UTF-8" in err  # the cause, named
 
 
 def test_global_accuracy_per_class_is_recorded_and_drawn_for_one_run(tmp_path, capsys):

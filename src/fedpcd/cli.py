@@ -1,35 +1,19 @@
-"""The ``fedpcd`` command line (CONTRACT.md). User errors exit with code 2 and one line on stderr."""
+"""The ``fedpcd`` command line. User errors exit with code 2 and one line on stderr."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import json
+import os
 import sys
-from importlib import resources
+import threading
 from pathlib import Path
 from typing import Any
 
+from fedpcd import __version__
 from fedpcd.errors import UserError
-
-# FedAvg and the five papers' methods with their library defaults, but FedSC's CPDR weight: the paper's 1
-# collapses FedSC at this CPU scale (docs/results/fedsc.md), 0.01 trains.
-DEMO_METHODS = [
-    ("fedavg", []),
-    ("fedgela", []),
-    ("fedmr", []),
-    ("fednh", []),
-    ("fedsc", ["algorithm.cpdr_weight=0.01"]),
-    ("fedssa", []),
-]
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join(
-        [fmt.format(*header), fmt.format(*["-" * w for w in widths])] + [fmt.format(*r) for r in rows]
-    )
+from fedpcd.utils import text_table
 
 
 def _pct(value: Any) -> str:
@@ -48,7 +32,7 @@ SHOWN = [
 
 def _summary_table(summary: dict[str, Any]) -> str:
     rows = [[label, _pct(summary["final"].get(key)), _pct(summary["best"].get(key))] for key, label in SHOWN]
-    return _table(rows, ["metric (%)", "final", "best"])
+    return text_table(rows, ["metric (%)", "final", "best"])
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -58,12 +42,16 @@ def cmd_run(args: argparse.Namespace) -> None:
     if args.resume:
         if args.config or args.overrides:
             raise UserError("--resume takes only the run directory; its config.yaml is used as written")
-        summary = resume_run(args.resume, progress=not args.quiet)
+        args.resume_hint = f"fedpcd run --resume {args.resume}"
+        summary = resume_run(args.resume, progress=not args.quiet, allow_changes=args.allow_config_change)
         out = args.resume
     else:
         if not args.config and not args.overrides:
             raise UserError("fedpcd run needs --config FILE (and/or KEY=VALUE overrides) or --resume RUN_DIR")
+        if args.allow_config_change:
+            raise UserError("--allow-config-change goes with --resume RUN_DIR")
         config = load_config(args.config, args.overrides)
+        args.resume_hint = f"fedpcd run --resume {config.output_dir}"
         summary = run_experiment(config, progress=not args.quiet)
         out = config.output_dir
     print(_summary_table(summary))
@@ -75,9 +63,12 @@ def cmd_partition(args: argparse.Namespace) -> None:
     from fedpcd.data.datasets import load_dataset
     from fedpcd.data.partition import make_partition
     from fedpcd.data.stats import partition_json, partition_table, plot_partition
-    from fedpcd.utils import atomic_write_text
+    from fedpcd.utils import atomic_write_text, check_writable
 
     cfg = load_config(args.config, args.overrides)
+    for target in (args.json, args.plot):  # a folder there, or a file on the way: before loading the data
+        if target:
+            check_writable(target)
     ds = load_dataset(
         cfg.dataset.name, cfg.dataset.root, cfg.dataset.train_fraction, cfg.seed, cfg.dataset.download
     )
@@ -101,11 +92,12 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         for cfg in expand_sweep(args.config, args.overrides):
             print(f"{run_status(cfg):<7} {cfg.output_dir}")
         return
+    args.resume_hint = " ".join(["fedpcd sweep --config", args.config, *args.overrides])
     run_sweep(args.config, args.overrides, jobs=args.jobs)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from fedpcd.report import write_report
+    from fedpcd.report.document import output_paths, write_report
 
     text = write_report(
         args.runs_dir,
@@ -121,8 +113,6 @@ def cmd_report(args: argparse.Namespace) -> None:
     )
     print(text, end="")
     if args.out:
-        from fedpcd.report import output_paths
-
         markdown, figures = output_paths(args.out)
         print(f"wrote {markdown} (figures and CSV in {figures})")
 
@@ -147,41 +137,39 @@ def cmd_list(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from fedpcd.config import load_config
-    from fedpcd.engine import run_experiment
+    from fedpcd.demo import run_demo
 
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    root = Path(args.out or f"runs/demo-{stamp}")
-    demo_file = resources.files("fedpcd") / "configs" / "demo.yaml"
-    rows = []
-    with resources.as_file(demo_file) as path:
-        for name, params in DEMO_METHODS:
-            cfg = load_config(
-                path, [f"algorithm.name={name}", *params, f"output_dir={root / name}", *args.overrides]
-            )
-            print(
-                f"== {name}: {cfg.dataset.name} {cfg.partition.scheme} {cfg.clients} clients, "
-                f"{cfg.rounds} rounds",
-                file=sys.stderr,
-            )
-            s = run_experiment(cfg, progress=not args.quiet)
-            label = " ".join([name, *(p.removeprefix("algorithm.") for p in params)])
-            rows.append([label] + [_pct(s["final"].get(k)) for k, _ in SHOWN] + [f"{s['wall_s']:.1f}"])
-    print(_table(rows, ["algorithm"] + [label for _, label in SHOWN] + ["wall s"]))
-    print(f"runs in {root}; accuracies in %, last round; PA = personal models of the round's participants")
-    from fedpcd.report import load_runs, plot_curves
+    root = Path(args.out or f"runs/demo-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    args.resume_hint = f"fedpcd demo --out {root} (finished methods are skipped)"
+    print(run_demo(root, args.overrides, progress=not args.quiet))
 
-    plot_curves(load_runs(root), root / "curves.png")
-    print(f"GA and PA-split over rounds: {root / 'curves.png'}")
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text[:40]!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedpcd", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fedpcd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("--config", help="YAML config file")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run")
+    run.add_argument(
+        "--allow-config-change",
+        nargs="+",
+        default=[],
+        metavar="KEY",
+        help="with --resume: go on although config.yaml changed these keys since the checkpoint (only "
+        "rounds, engine.checkpoint_every, engine.threads, dataset.download)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. partition.beta=0.1"
@@ -200,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", required=True, help="config with a top-level 'sweep:' mapping of key -> list"
     )
     sweep.add_argument(
-        "--jobs", type=int, default=1, help="runs in parallel (processes; 1 torch thread each)"
+        "--jobs", type=_positive_int, default=1, help="runs in parallel (processes; 1 torch thread each)"
     )
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status only")
     sweep.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="applied to every run")
@@ -216,7 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--title", help="a '# TITLE' heading on top of the markdown")
     report.add_argument("--notes", metavar="FILE", help="markdown put under the title (setup, caveats)")
     report.add_argument(
-        "--last", type=int, default=5, help="average each run over its last N evaluated rounds"
+        "--last",
+        type=_positive_int,
+        default=5,
+        help="average each run over its last N evaluated rounds (all of them where it has fewer)",
     )
     report.add_argument(
         "--rounds-to",
@@ -276,10 +267,26 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        print("fedpcd: interrupted (resume with 'fedpcd run --resume RUN_DIR')", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; SIGTERM where Ray's handler raises SystemExit
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            raise
+        hint = getattr(args, "resume_hint", None)
+        print(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}", file=sys.stderr)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code if isinstance(exc.code, int) else 1
+        _exit_if_threads_are_stuck(code)
+        return code
     return 0
+
+
+def _exit_if_threads_are_stuck(code: int) -> None:
+    """End the process now if threads it cannot join are left (Flower's workers blocked in ``ray.get`` after
+    Ray was shut down): interpreter shutdown would wait for them forever. Everything fedpcd writes is on
+    disk by then (atomic, fsynced files)."""
+    stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if any(t.is_alive() for t in stuck):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The experiment config of CONTRACT.md: typed, validated, defaults filled and written back resolved.
+"""The experiment config: typed, validated, defaults filled, written back resolved (docs/design.md section 7).
 
 A config is YAML; every key is optional. ``load_config`` merges a file with dotted ``KEY=VALUE`` overrides,
 validates it and resolves the open-ended sections (the partition scheme's, model's and algorithm's own
@@ -8,16 +8,24 @@ parameters) against their registries, so the written ``config.yaml`` shows every
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import hashlib
+import json
 import math
 import re
+import struct
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fedpcd.errors import UserError
+from fedpcd.errors import UserError, clip, short
+from fedpcd.params import callable_defaults, check_params, dataclass_defaults
+
+MAX_DEPTH = 32  # nesting levels of a config (YAML file, override value, or the merged tree)
+MAX_THREADS = 1024  # engine.threads
+MAX_MODEL_PARAMS = 10**8  # weights of one model, for the largest built-in input (3x32x32, 100 classes)
+_INT64 = 2**63
 
 
 class _Strict(BaseModel):
@@ -61,8 +69,21 @@ class ModelConfig(_Open):
         return self.name if isinstance(self.name, str) else self.name[client % len(self.name)]
 
     def architectures(self, num_clients: int) -> list[str]:
-        """The distinct architectures of a federation of ``num_clients``, in order of first use."""
-        return list(dict.fromkeys(self.architecture(k) for k in range(num_clients)))
+        """The distinct architectures of a federation of ``num_clients``, in order of first use.
+
+        Never loops over every client: only over the names and the per-client overrides."""
+        names = [self.name] if isinstance(self.name, str) else self.name
+        first: dict[str, int] = {}
+        for j, arch in enumerate(names):  # the first client using names[j]: j, j + len, ... not overridden
+            k = j
+            while k < num_clients and k in self.clients:
+                k += len(names)
+            if k < num_clients:
+                first[arch] = min(first.get(arch, k), k)
+        for k, arch in self.clients.items():
+            if 0 <= k < num_clients:
+                first[arch] = min(first.get(arch, k), k)
+        return sorted(first, key=first.__getitem__)
 
 
 class AlgorithmConfig(_Open):
@@ -82,7 +103,7 @@ class LocalConfig(_Strict):
 class EngineConfig(_Strict):
     # auto: vectorized where it applies (engine/vectorized.py), else sequential
     executor: Literal["auto", "sequential", "vectorized"] = "auto"
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS)
     checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0 disables them
     # where tensors live: cpu | cuda | cuda:N | auto (cuda if available, else cpu). Default cpu: results stay
     # those of the CPU runs on every machine, and not every algorithm is checked on CUDA yet.
@@ -128,6 +149,46 @@ class Config(_Strict):
         return self.model_dump(mode="json")
 
 
+class _Refused(Exception):
+    """YAML that the config loader refuses (aliases, deep nesting, unreadable numbers)."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases (``*name``: a few hundred bytes of them expand to gigabytes)
+    and nesting deeper than ``MAX_DEPTH`` levels."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            if event.anchor in self.anchors:  # an undefined alias stays a YAML error
+                raise _Refused(
+                    f"uses the YAML alias *{clip(event.anchor, 40)} "
+                    f"(line {event.start_mark.line + 1}); aliases are not allowed in configs: write it out"
+                )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(f"is nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as plain data, without aliases or deep nesting (those raise ``_Refused``)."""
+    loader = _ConfigLoader(text)
+    try:
+        return loader.get_single_data()
+    except (ValueError, OverflowError) as exc:  # e.g. an integer of more than 4300 digits
+        raise _Refused(f"holds a value that cannot be read ({clip(str(exc), 60)})") from None
+    finally:
+        loader.dispose()
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """``["a.b=1", "c=x"]`` -> ``{"a": {"b": 1}, "c": "x"}``; values are parsed as YAML scalars/lists."""
     tree: dict[str, Any] = {}
@@ -135,18 +196,20 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
             raise UserError(
-                f"bad override {item!r}; expected KEY=VALUE with a dotted key, e.g. partition.beta=0.1"
+                f"bad override {short(item)}; expected KEY=VALUE with a dotted key, e.g. partition.beta=0.1"
             )
         try:
-            value = yaml.safe_load(raw) if raw else None
+            value = load_yaml(raw) if raw else None
         except yaml.YAMLError:
             value = raw
+        except _Refused as exc:
+            raise UserError(f"override '{clip(key)}' {exc}") from None
         node = tree
         *parents, leaf = key.split(".")
         for part in parents:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise UserError(f"override {item!r} conflicts with an earlier override of {part!r}")
+                raise UserError(f"override {short(item)} conflicts with an earlier override of {short(part)}")
             node = child
         node[leaf] = value
     return tree
@@ -174,13 +237,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise UserError(f"cannot read config file {p}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"config file {p} is not valid YAML{where}") from None
-    except RecursionError:
-        raise UserError(f"config file {p} is nested too deeply") from None
+    except _Refused as exc:
+        raise UserError(f"config file {p} {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -188,15 +251,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _one_line(exc: ValidationError, model: type[BaseModel]) -> str:
     err = exc.errors()[0]
     loc = [str(part) for part in err["loc"]]
-    key = ".".join(loc) or "config"
+    key = clip(".".join(loc) or "config")
     if err["type"] == "extra_forbidden":
         section: Any = model
         try:
@@ -211,8 +269,8 @@ def _one_line(exc: ValidationError, model: type[BaseModel]) -> str:
     if err["type"] == "invalid_key":
         return f"bad config key {key!r}: keys must be names (text), e.g. 'seed' or 'local'"
     if err["type"] == "finite_number":
-        return f"bad value for {key!r} ({_short(err.get('input'))}): must be a finite number"
-    return f"bad value for {key!r} ({_short(err.get('input'))}): {err['msg']}"
+        return f"bad value for {key!r} ({short(err.get('input'))}): must be a finite number"
+    return f"bad value for {key!r} ({short(err.get('input'))}): {err['msg']}"
 
 
 # Overriding one of these drops the file's other keys of that section (they belong to the old choice).
@@ -233,43 +291,44 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config_from_dict(merge_dicts(raw, extra))
 
 
+def check_values(tree: Any, key: str = "", depth: int = 0) -> None:
+    """Every value of a config tree: at most ``MAX_DEPTH`` levels deep, no NUL in a string (not a path or a
+    name), integers that fit in 64 bits, floats finite and representable as float32 (what tensors hold)."""
+    name = clip(key or "config")
+    if depth > MAX_DEPTH:
+        raise UserError(f"config key '{name}' is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            check_values(v, f"{key}.{k}" if key else str(k), depth + 1)
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            check_values(v, f"{key}[{i}]", depth + 1)
+    elif isinstance(tree, str) and "\x00" in tree:
+        raise UserError(f"bad value for '{name}' ({short(tree)}): contains a NUL character")
+    elif isinstance(tree, int) and not isinstance(tree, bool) and not -_INT64 <= tree < _INT64:
+        raise UserError(f"bad value for '{name}' ({short(tree)}): must fit in 64 bits (|x| < 2^63)")
+    elif isinstance(tree, float):
+        if not math.isfinite(tree):
+            raise UserError(f"bad value for '{name}' ({tree!r}): must be a finite number")
+        try:
+            as_float32 = struct.unpack("f", struct.pack("f", tree))[0]
+        except OverflowError:
+            as_float32 = math.inf
+        if math.isinf(as_float32) or (tree != 0.0 and as_float32 == 0.0):
+            raise UserError(
+                f"bad value for '{name}' ({tree!r}): must be representable as float32 (0, or 1.4e-45 <= |x| "
+                "<= 3.4e+38)"
+            )
+
+
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Validate and resolve a config given as a (nested) dict."""
+    check_values(raw)
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
         raise UserError(_one_line(exc, Config)) from None
     return resolve(config)
-
-
-def check_params(kind: str, name: str, given: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """Fill ``defaults`` with ``given``; an unknown key is a UserError naming the valid ones."""
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        valid = ", ".join(sorted(defaults)) or "(none)"
-        raise UserError(f"unknown parameter {unknown[0]!r} for {kind} {name!r}; valid parameters: {valid}")
-    return {**defaults, **given}
-
-
-def callable_defaults(fn: Any, skip: int = 0) -> dict[str, Any]:
-    """Keyword parameters (with defaults) of a function, skipping the first ``skip`` positional ones."""
-    params = list(inspect.signature(fn).parameters.values())[skip:]
-    return {
-        p.name: (None if p.default is inspect.Parameter.empty else p.default)
-        for p in params
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-    }
-
-
-def dataclass_defaults(cls: type) -> dict[str, Any]:
-    """Field defaults of a dataclass (the algorithms' hyperparameters)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
 
 
 def resolve_model_params(config: Config) -> dict[str, Any]:
@@ -288,20 +347,34 @@ def resolve_model_params(config: Config) -> dict[str, Any]:
     for arch, own in zip(archs, defaults, strict=True):
         check_params("model", arch, m.params(), own)
     common = set.intersection(*(set(own) for own in defaults))
-    return {**{k: v for k, v in defaults[0].items() if k in common}, **m.params()}
+    params = {**{k: v for k, v in defaults[0].items() if k in common}, **m.params()}
+    _check_model_size(archs, params)
+    return params
 
 
-def _check_finite(section: str, params: Any, prefix: str = "") -> None:
-    """A NaN or infinite number anywhere in a section's parameters is a UserError naming the key."""
-    if isinstance(params, dict):
-        items: Any = params.items()
-    else:
-        items = enumerate(params) if isinstance(params, list) else []
-    for key, value in items:
-        name = f"{prefix}{key}"
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"bad value for '{section}.{name}' ({value!r}): must be a finite number")
-        _check_finite(section, value, f"{name}.")
+def _check_model_size(archs: list[str], params: dict[str, Any]) -> None:
+    """Build each architecture on torch's meta device (no memory) for the largest built-in input, 3x32x32
+    with 100 classes: parameters of the wrong type or sign, or more than ``MAX_MODEL_PARAMS`` weights, are a
+    UserError now, never an allocation failure later."""
+    import torch
+
+    from fedpcd.models import MODELS
+
+    for arch in archs:
+        try:
+            with torch.device("meta"):
+                model = MODELS.get(arch)(3, 100, 32, **params)
+        except (UserError, NotImplementedError):  # input-specific or meta-unsupported: the real build decides
+            continue
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            reason = clip(str(exc).strip().split("\n")[0])
+            raise UserError(f"model {arch!r} cannot be built with {short(params)}: {reason}") from None
+        weights = sum(p.numel() for p in model.parameters())
+        if weights > MAX_MODEL_PARAMS:
+            raise UserError(
+                f"model {arch!r} with {short(params)} has {weights:.3g} weights (for 3x32x32 inputs, 100 "
+                f"classes), more than the limit of {MAX_MODEL_PARAMS:.0e}; choose a smaller width"
+            )
 
 
 def _check_algorithm(name: str, params: dict[str, Any]) -> None:
@@ -310,7 +383,7 @@ def _check_algorithm(name: str, params: dict[str, Any]) -> None:
 
     algorithm = build_algorithm(name, params)
     values = {f.name: getattr(algorithm, f.name) for f in dataclasses.fields(algorithm)}
-    _check_finite("algorithm", values)
+    check_values({"algorithm": values})
 
 
 def _check_min_clients(config: Config) -> None:
@@ -345,22 +418,73 @@ def resolve(config: Config) -> Config:
         config.algorithm.params(),
         dataclass_defaults(algo_cls),
     )
-    _check_finite("partition", partition)
-    _check_finite("model", model)
     _check_algorithm(config.algorithm.name, algorithm)
     _check_min_clients(config)
     data = config.to_dict()
     data["partition"] = {"scheme": config.partition.scheme, **partition}
     data["model"] = {"name": config.model.name, "clients": config.model.clients, **model}
     data["algorithm"] = {"name": config.algorithm.name, **algorithm}
+    check_values(data)  # again after validation: e.g. local.lr given as the text "1e39"
     try:
         return Config.model_validate(data)
     except ValidationError as exc:  # pragma: no cover - defaults always validate
         raise UserError(_one_line(exc, Config)) from None
 
 
+def config_yaml(config: Config) -> str:
+    """The resolved config as the YAML text of a run's config.yaml."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
 def dump_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically)."""
     from fedpcd.utils import atomic_write_text
 
-    atomic_write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
+    atomic_write_text(path, config_yaml(config))
+
+
+def canonical_config(config: Config) -> str:
+    """The resolved config as canonical JSON (sorted keys), without ``output_dir``: what a run computes,
+    not where it lives. Its SHA-256 (:func:`config_hash`) identifies a run's config in its checkpoints."""
+    data = config.to_dict()
+    data.pop("output_dir", None)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def config_hash(text: str) -> str:
+    """SHA-256 (hex) of a :func:`canonical_config` text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+ABSENT = _Absent()
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict) or (prefix and not tree):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (old value, new value) for every leaf that differs (``ABSENT`` where a side lacks it)."""
+    a, b = _flatten(old), _flatten(new)
+    return {
+        k: (a.get(k, ABSENT), b.get(k, ABSENT))
+        for k in sorted(set(a) | set(b))
+        if a.get(k, ABSENT) != b.get(k, ABSENT)
+    }
+
+
+def describe_changes(changes: dict[str, tuple[Any, Any]], limit: int = 6) -> str:
+    """``key: old -> new; ...`` on one line (values shortened, at most ``limit`` keys)."""
+    parts = [f"{clip(k)}: {short(a, 40)} -> {short(b, 40)}" for k, (a, b) in changes.items()]
+    more = f"; and {len(parts) - limit} more" if len(parts) > limit else ""
+    return "; ".join(parts[:limit]) + more

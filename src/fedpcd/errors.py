@@ -2,6 +2,26 @@
 
 from __future__ import annotations
 
+import reprlib
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 2, 6, 6
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """``text`` cut to at most ``limit`` characters, ending in an ellipsis where it was cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short(value: object, limit: int = 80) -> str:
+    """``repr(value)`` clipped to ``limit`` characters (:func:`clip`), never building the whole repr."""
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an integer with more digits than Python converts to text
+        text = f"<{type(value).__name__} too long to show>"
+    return clip(text, limit)
+
 
 class UserError(Exception):
     """A problem with the user's input (config, names, data files): one clear line, no traceback."""
@@ -9,7 +29,7 @@ class UserError(Exception):
 
 def choices(kind: str, name: object, valid: list[str] | tuple[str, ...]) -> UserError:
     """The standard 'unknown X' error naming the valid choices."""
-    return UserError(f"unknown {kind} {name!r}; valid choices: {', '.join(sorted(valid))}")
+    return UserError(f"unknown {kind} {short(name)}; valid choices: {', '.join(sorted(valid))}")
 
 
 class DivergenceError(UserError):

@@ -23,7 +23,10 @@ Every sweep keeps ``<output_dir>/index.sqlite``, one row per run of the grid (it
 plus the headline numbers as columns), updated as runs finish; see ``write_index``.
 
 Running the sweep again skips finished runs and resumes interrupted ones from their checkpoints. A run that
-fails (an exception, e.g. a diverging method) is reported and the sweep goes on with the others.
+fails (an exception, e.g. a diverging method) is reported and the sweep goes on with the others; so is a run
+that cannot be run now (held by another fedpcd process, started without a checkpoint, or with a corrupt
+summary.json). The sweep succeeds (exit code 0) when every run of its grid is finished at its end, whoever
+finished it; otherwise it ends with one line counting the runs that failed, were skipped and finished.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import contextlib
 import copy
 import itertools
 import json
+import os
 import re
 import sqlite3
 import sys
@@ -42,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd.config import Config, config_from_dict, merge_dicts, parse_overrides, read_yaml
-from fedpcd.errors import UserError
+from fedpcd.errors import RunInUseError, UserError, clip
+from fedpcd.utils import make_folder, path_error, show_path
 
 MAIN_KEYS = ("name", "scheme")
 SETTING = "setting"  # the axis whose values are mappings of several keys set together
@@ -110,57 +115,104 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
 
 
 def run_status(config: Config) -> str:
-    """'done' (summary.json), 'resume' (started: a checkpoint, or only its config.yaml when it was stopped
-    before its first checkpoint, which ``resume_run`` restarts from round 0), 'new', or 'stuck' (run files
-    but no config.yaml: it cannot be resumed)."""
+    """'done' (a readable summary.json), 'broken' (a summary.json that is not one: corrupt or cut short),
+    'resume' (started: a checkpoint, or only its config.yaml when it was stopped before its first checkpoint,
+    which ``resume_run`` restarts from round 0), 'new', or 'stuck' (run files but no config.yaml: it cannot be
+    resumed)."""
     out = Path(config.output_dir)
-    if (out / "summary.json").exists():
-        return "done"
-    if (out / "checkpoint" / "state.pt").exists() or (out / "config.yaml").is_file():
-        return "resume"
-    if (out / "metrics.jsonl").exists():
-        return "stuck"
-    return "new"
+    try:
+        if (out / "summary.json").exists():
+            return "done" if _summary(config) is not None else "broken"
+        if (out / "checkpoint" / "state.pt").exists() or (out / "config.yaml").is_file():
+            return "resume"
+        return "stuck" if (out / "metrics.jsonl").exists() else "new"
+    except OSError as exc:  # e.g. a folder on the way that cannot be searched
+        raise path_error(out, exc, "read the run folder") from None
 
 
-def _run_one(config_data: dict[str, Any], resume: bool) -> tuple[str, float]:
+def _summary(config: Config) -> dict[str, Any] | None:
+    """The run's summary.json as a dict; None where it is missing or is not a fedpcd summary."""
+    from fedpcd.report import read_summary
+
+    try:
+        return read_summary(Path(config.output_dir) / "summary.json")
+    except UserError:
+        return None
+
+
+SKIP_REASONS = {
+    "stuck": "started but has no checkpoint; delete the folder to rerun it",
+    "broken": "its summary.json is corrupt (not a fedpcd summary); delete the folder to rerun it",
+}
+
+
+def _run_one(config_data: dict[str, Any], resume: bool) -> tuple[str, float | None]:
+    """Run or resume one run of the grid; wall time None: another process finished it meanwhile."""
     from fedpcd.engine import resume_run, run_experiment
 
     config = Config.model_validate(config_data)
+    status = run_status(config)  # again: another sweep on the same folder may have started or finished it
+    if status == "done":
+        return config.output_dir, None
+    if status in SKIP_REASONS:
+        raise UserError(f"{config.output_dir} {SKIP_REASONS[status]}")
     summary = (
-        resume_run(config.output_dir, progress=False) if resume else run_experiment(config, progress=False)
+        resume_run(config.output_dir, progress=False)
+        if resume or status == "resume"
+        else run_experiment(config, progress=False)
     )
     return config.output_dir, summary["wall_s"]
+
+
+def _names(dirs: list[str], root: Path, limit: int = 3) -> str:
+    """A few run folders by their name in the sweep ('a, b, c and 4 more')."""
+    names = [Path(d).name if Path(d).parent == root else d for d in dirs]
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(clip(n, 60) for n in names[:limit]) + more
 
 
 def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 1) -> list[Config]:
     """Run every unfinished run of the grid, ``jobs`` processes at a time; returns the grid's configs.
 
-    A failing run is reported on stderr and left as it is; the others go on. Raises UserError at the end
-    naming the failed runs, so the command exits 2 and a rerun retries (resumes) them.
+    A failing run is reported on stderr and left as it is; the others go on; a run that cannot run now (held
+    by another fedpcd process, 'stuck' or 'broken', see ``run_status``) is skipped with a line saying why.
+    Returns when every run of the grid is finished at the end (whoever finished it); otherwise raises one
+    UserError counting the failed, skipped and finished runs, so the command exits 2 and a rerun retries
+    (resumes) them. The index (``write_index``) is written before any run: an output_dir that cannot hold it
+    stops the sweep at once.
     """
     configs = expand_sweep(path, overrides)
-    todo = []
+    todo, skipped = [], []
     for cfg in configs:
         status = run_status(cfg)
-        if status == "stuck":
-            print(f"skip {cfg.output_dir}: started but has no checkpoint; delete the folder to rerun it")
+        if status in SKIP_REASONS:
+            skipped.append(cfg.output_dir)
+            print(f"skip {cfg.output_dir}: {SKIP_REASONS[status]}")
         elif status != "done":
             todo.append((cfg, status == "resume"))
     print(f"sweep: {len(configs)} runs, {len(configs) - len(todo)} finished or skipped, {len(todo)} to run")
     index = index_path(path, overrides)
     write_index(index, configs)
     failed: list[str] = []
+    index_errors: list[str] = []
 
-    def finished(out: str, outcome: Callable[[], tuple[str, float]]) -> None:
+    def finished(out: str, outcome: Callable[[], tuple[str, float | None]]) -> None:
         try:
             _, wall = outcome()
+        except RunInUseError as exc:  # another sweep on the same folder runs it: not a failure of the run
+            skipped.append(out)
+            print(f"skip {clip(str(exc), 300)}", flush=True)
         except Exception as exc:  # one run's failure must not stop the others
             failed.append(out)
-            print(f"FAILED {out}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            print(f"FAILED {out}: {type(exc).__name__}: {clip(first, 300)}", file=sys.stderr, flush=True)
         else:
-            print(f"done {out} ({wall:.0f} s)", flush=True)
-        write_index(index, [c for c in configs if c.output_dir == out])
+            note = f"{wall:.0f} s" if wall is not None else "finished meanwhile by another process"
+            print(f"done {out} ({note})", flush=True)
+        try:
+            write_index(index, [c for c in configs if c.output_dir == out])
+        except UserError as exc:  # the runs matter more than their index (said at the end; rebuilt later)
+            index_errors.append(str(exc))
 
     if jobs <= 1:
         for cfg, resume in todo:
@@ -170,9 +222,33 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
             futures = {pool.submit(_run_one, cfg.to_dict(), resume): cfg.output_dir for cfg, resume in todo}
             for fut in as_completed(futures):
                 finished(futures[fut], fut.result)
-    if failed:
-        raise UserError(f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}")
-    return configs
+    statuses = {c.output_dir: run_status(c) for c in configs}
+    if index_errors:  # bring the index up to date with the runs, if it can be written now
+        with contextlib.suppress(UserError):
+            write_index(index, configs)
+            index_errors.clear()
+    unfinished = [c.output_dir for c in configs if statuses[c.output_dir] != "done"]
+    if not unfinished and not index_errors:
+        print(f"sweep: all {len(configs)} runs finished")
+        return configs
+    if not unfinished:
+        raise UserError(f"sweep: all {len(configs)} runs finished, but {index_errors[-1]}")
+    root = Path(configs[0].output_dir).parent
+    failed = [d for d in dict.fromkeys(failed) if d in unfinished]
+    skipped = [d for d in dict.fromkeys(skipped) if d in unfinished and d not in failed]
+    other = [d for d in unfinished if d not in failed and d not in skipped]  # changed by another process
+    groups = [
+        (dirs, what)
+        for dirs, what in ((failed, "failed"), (skipped, "skipped"), (other, "unfinished"))
+        if dirs
+    ]
+    counts = ", ".join(f"{len(dirs)} {what}" for dirs, what in groups[1:])
+    listed = "; ".join(f"{what}: {_names(dirs, root)}" for dirs, what in groups)
+    raise UserError(
+        f"sweep: {len(groups[0][0])} of {len(configs)} runs {groups[0][1]}, {counts + ', ' if counts else ''}"
+        f"{len(configs) - len(unfinished)} finished ({listed}); the lines above say why; rerun the same "
+        "command to retry"
+    )
 
 
 # ----- the results index ----------------------------------------------------------------------------------
@@ -182,7 +258,7 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
 
 INDEX_COLUMNS = {
     "output_dir": "TEXT PRIMARY KEY",
-    "status": "TEXT",  # done | resume | stuck | new (run_status)
+    "status": "TEXT",  # done | broken | resume | stuck | new (run_status)
     "algorithm": "TEXT",
     "dataset": "TEXT",
     "partition": "TEXT",  # the partition section as JSON
@@ -209,10 +285,9 @@ def index_path(path: str | Path, overrides: list[str] | None = None) -> Path:
 def index_row(config: Config) -> dict[str, Any]:
     """One index row: the run's status, config and (once done) its summary's headline numbers."""
     status = run_status(config)
-    summary_file = Path(config.output_dir) / "summary.json"
-    summary = json.loads(summary_file.read_text()) if status == "done" else None
-    final = (summary or {}).get("final", {})
-    best = (summary or {}).get("best", {})
+    summary = _summary(config) if status == "done" else None
+    final, best = ((summary or {}).get(key) for key in ("final", "best"))
+    final, best = (part if isinstance(part, dict) else {} for part in (final, best))
     return {
         "output_dir": config.output_dir,
         "status": status,
@@ -234,11 +309,26 @@ def index_row(config: Config) -> dict[str, Any]:
 
 
 def write_index(path: Path, configs: list[Config]) -> None:
-    """Insert or replace the rows of ``configs`` in the SQLite index at ``path`` (one transaction)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Insert or replace the rows of ``configs`` in the SQLite index at ``path`` (one transaction). A folder
+    that cannot hold it, or a file there that is not such an index (corrupt, read-only), is one line naming
+    it: the index only mirrors the run folders, so deleting it loses nothing."""
+    make_folder(path.parent, target=path)
     rows = [index_row(c) for c in configs]
     columns = ", ".join(f"{name} {kind}" for name, kind in INDEX_COLUMNS.items())
     marks = ", ".join(f":{name}" for name in INDEX_COLUMNS)
-    with contextlib.closing(sqlite3.connect(path, timeout=30)) as db, db:
-        db.execute(f"CREATE TABLE IF NOT EXISTS runs ({columns})")
-        db.executemany(f"INSERT OR REPLACE INTO runs VALUES ({marks})", rows)
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=30)) as db, db:
+            db.execute(f"CREATE TABLE IF NOT EXISTS runs ({columns})")
+            db.executemany(f"INSERT OR REPLACE INTO runs VALUES ({marks})", rows)
+    except sqlite3.Error as exc:
+        cause = clip(str(exc))
+        if "unable to open" in cause:  # SQLite does not say why: ask the system
+            try:
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o666))
+            except OSError as why:
+                cause = why.strerror or cause
+        damaged = not isinstance(exc, sqlite3.OperationalError) or "columns" in cause  # not a lock or mode
+        hint = "; delete it: the next sweep writes it anew from the run folders" if damaged else ""
+        raise UserError(f"cannot write the sweep index {show_path(path)}: {cause}{hint}") from None
+    except OSError as exc:
+        raise path_error(path, exc, "write the sweep index") from None

@@ -1,16 +1,68 @@
-"""Small shared helpers: atomic file writes and seed derivation."""
+"""Small shared helpers: atomic file writes, user-path errors, JSON reading and seed derivation."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fedpcd.errors import UserError, clip
+
 _UMASK_LOCK = threading.Lock()
+MAX_JSON_DEPTH = 32  # nesting levels of a JSON file fedpcd reads (its own files need fewer than 5)
+
+
+def show_path(path: str | Path) -> str:
+    """A path for a one-line message: as it is, or escaped (``repr``) where it holds characters that are
+    not printable (a newline, NUL, right-to-left override, zero-width space, undecodable bytes)."""
+    text = os.fspath(path)
+    text = text if isinstance(text, str) else os.fsdecode(text)
+    return text if text.isprintable() else repr(text)
+
+
+def path_error(path: str | Path, exc: OSError | ValueError, action: str = "write") -> UserError:
+    """The one line for a failed operation on a user's path: ``cannot ACTION PATH: CAUSE``, the cause being
+    the system's words (No space left on device, Permission denied, Is a directory, ...)."""
+    if isinstance(exc, OSError):
+        cause = exc.strerror or str(exc)
+    elif "null" in str(exc):  # open() and mkdir() refuse a path with a NUL byte
+        cause = "the path holds a NUL byte"
+    else:
+        cause = clip(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return UserError(f"cannot {action} {show_path(path)}: {cause}")
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest of ``path`` and its parents that exists but is not a folder (None if there is none)."""
+    for candidate in (path, *path.parents):
+        try:
+            if candidate.exists():
+                return None if candidate.is_dir() else candidate
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def make_folder(folder: str | Path, target: str | Path | None = None) -> None:
+    """``mkdir -p folder``; a failure is one line naming ``target`` (default: the folder) and the cause, e.g.
+    a file where a folder should be."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        action = "write" if target is not None else "create the folder"
+        blocker = _file_in_the_way(folder) if isinstance(exc, OSError) else None
+        if blocker is not None:
+            raise UserError(
+                f"cannot {action} {show_path(target or folder)}: {show_path(blocker)} is a file, not a folder"
+            ) from None
+        raise path_error(target or folder, exc, action) from None
 
 
 def current_umask() -> int:
@@ -39,11 +91,17 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w"
     """Write through ``write(fileobj)`` into a temp file beside ``path``, fsync it, then rename it over
     ``path``: readers (and a process killed at any moment) see the old file or the new one, never a half.
 
-    The file gets the usual permissions of a new file (0666 minus the umask), not mkstemp's 0600.
+    The file gets the usual permissions of a new file (0666 minus the umask), not mkstemp's 0600. Missing
+    folders are created. Any OSError (a full disk, no permission, a folder at ``path`` or a file where a
+    folder should be) is a :class:`UserError` of one line naming ``path`` and the cause (:func:`path_error`);
+    ``path`` then keeps its old content and no temp file is left.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    make_folder(path.parent, target=path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except (OSError, ValueError) as exc:
+        raise path_error(path, exc) from None
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as fh:
@@ -52,6 +110,9 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w"
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise path_error(path, exc) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -64,7 +125,79 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda fh: fh.write(text), mode="w")
 
 
+def check_writable(path: str | Path, folder: bool = False) -> None:
+    """Refuse early (before any work) a target that cannot be written: a file (``folder``) or a folder
+    (a file target) already at ``path``, or a file where one of its folders should be. Other causes (no
+    space, no permission) show when the write happens."""
+    path = Path(path)
+    try:
+        wrong = path.exists() and path.is_dir() != folder
+    except (OSError, ValueError) as exc:
+        raise path_error(path, exc) from None
+    if wrong:
+        what = "a file" if folder else "a folder"
+        raise UserError(f"cannot write {show_path(path)}: it is {what}; name a new path or remove it")
+    blocker = _file_in_the_way(path.parent)
+    if blocker is not None:
+        raise UserError(f"cannot write {show_path(path)}: {show_path(blocker)} is a file, not a folder")
+
+
+def _depth(data: Any) -> int:
+    """Nesting depth of parsed JSON (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def parse_json(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, lines: bool = True) -> Any:
+    """JSON text as data; invalid JSON, a number too long to read or nesting deeper than ``max_depth`` is a
+    UserError of one line starting with ``where`` (e.g. 'summary file runs/a/summary.json'), invalid JSON
+    with its line number unless ``lines`` is False (``where`` names the line)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = f" at line {exc.lineno}" if lines else ""
+        raise UserError(f"{where} is not valid JSON{at}: {exc.msg}") from None
+    except RecursionError:
+        data, deep = None, True
+    except ValueError:  # an integer of more digits than Python reads (4300 by default)
+        limit = sys.get_int_max_str_digits()
+        raise UserError(f"{where} holds an integer too long to read (over {limit} digits)") from None
+    else:
+        deep = _depth(data) > max_depth
+    if deep:
+        raise UserError(f"{where} is nested more than {max_depth} levels deep")
+    return data
+
+
+def read_json(path: str | Path, what: str = "file", max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The JSON data in a user's file; one line naming ``what`` and the path for a missing, unreadable,
+    non-UTF-8 or invalid file (see :func:`parse_json`)."""
+    where = f"{what} {show_path(path)}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{where} not found") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{where} is not UTF-8 text (byte {exc.start})") from None
+    except (OSError, ValueError) as exc:
+        raise path_error(path, exc, f"read {what}") from None
+    return parse_json(text, where, max_depth)
+
+
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed from integers (run seed, round, client id, ...): stable across processes and backends."""
     digest = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def text_table(rows: list[list[str]], header: list[str]) -> str:
+    """A plain-text table: left-aligned columns under a header and a dashed rule."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    rule = ["-" * w for w in widths]
+    return "\n".join([fmt.format(*header), fmt.format(*rule)] + [fmt.format(*r) for r in rows])

@@ -9,10 +9,14 @@ import importlib
 import pkgutil
 from typing import Any
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, Context, LocalTraining
-from fedpcd.algorithms.fedavg import FedAvg
+from pydantic import TypeAdapter, ValidationError
 
-__all__ = ["ALGORITHMS", "ClientData", "Context", "FedAvg", "LocalTraining", "build_algorithm"]
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, Context, LocalTraining
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork
+from fedpcd.errors import UserError
+from fedpcd.params import check_params, dataclass_defaults
+
+__all__ = ["ALGORITHMS", "ClientData", "Context", "FedAvg", "LocalTraining", "LocalWork", "build_algorithm"]
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
@@ -20,11 +24,6 @@ for _module in pkgutil.iter_modules(__path__):
 
 def build_algorithm(name: str, params: dict[str, Any] | None = None) -> FedAvg:
     """Instantiate a registered algorithm with checked, typed hyperparameters (its dataclass fields)."""
-    from pydantic import TypeAdapter, ValidationError
-
-    from fedpcd.config import check_params, dataclass_defaults
-    from fedpcd.errors import UserError
-
     cls = ALGORITHMS.get(name)
     values = check_params("algorithm", name, dict(params or {}), dataclass_defaults(cls))
     try:

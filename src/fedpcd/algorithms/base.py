@@ -1,8 +1,9 @@
 """What every algorithm sees: the run context, a client's data, the registry and state-dict arithmetic.
 
-The algorithm contract (DESIGN.md) is implemented by :class:`fedpcd.algorithms.fedavg.FedAvg`; every other
-algorithm subclasses it and overrides only the hooks its paper changes. Hooks exchange plain dicts whose
-leaves are tensors, numbers or strings, so the same class runs in the local simulator and over Flower.
+The algorithm contract (docs/design.md section 3) is implemented by
+:class:`fedpcd.algorithms.fedavg.FedAvg`; every other algorithm subclasses it and overrides only the hooks
+its paper changes. Hooks exchange plain dicts whose leaves are tensors, numbers or strings, so the same
+class runs in the local simulator and over Flower.
 """
 
 from __future__ import annotations
@@ -250,6 +251,83 @@ def balanced_softmax_loss(logits: Tensor, y: Tensor, log_p: Tensor) -> Tensor:
     return F.cross_entropy(logits + log_p, y)
 
 
+# ----- helpers several algorithms share ---------------------------------------------------------------------
+
+
+class ClassSums:
+    """Per-class sums of rows (features, class means, gradient rows) and per-class counts or weights.
+
+    :meth:`add` puts row j of each tensor in ``rows`` into class ``classes[j]``'s sums (times ``weights[j]``)
+    and ``weights[j]`` (1 without weights) into its count: one ``index_add`` per tensor, accumulating in call
+    order. Out of place, so it also runs inside autograd and ``torch.func.vmap``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        *row_shapes: Sequence[int],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        count_dtype: torch.dtype = torch.long,
+    ) -> None:
+        self.sums = [torch.zeros(num_classes, *shape, dtype=dtype, device=device) for shape in row_shapes]
+        self.counts = torch.zeros(num_classes, dtype=count_dtype, device=device)
+
+    def add(self, classes: Tensor, *rows: Tensor, weights: Tensor | None = None) -> None:
+        """Add the rows of each tensor in ``rows`` (one per sum, rows aligned with ``classes``)."""
+        if weights is None:
+            weights = torch.ones(len(classes), dtype=self.counts.dtype, device=self.counts.device)
+            self.sums = [s.index_add(0, classes, r) for s, r in zip(self.sums, rows, strict=True)]
+        else:
+            self.sums = [
+                s.index_add(0, classes, weights.view(-1, *[1] * (r.dim() - 1)) * r)
+                for s, r in zip(self.sums, rows, strict=True)
+            ]
+        self.counts = self.counts.index_add(0, classes, weights)
+
+    @property
+    def held(self) -> Tensor:
+        """[C] bool: the classes with a positive count."""
+        return self.counts > 0
+
+    def mean(self, which: int = 0) -> Tensor:
+        """Sum ``which`` divided by the counts, in the rows of the :attr:`held` classes only."""
+        held, sums = self.held, self.sums[which]
+        return sums[held] / self.counts[held].view(-1, *[1] * (sums.dim() - 1))
+
+    def held_means(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(held classes ascending, their counts, their means of the first sum): a class-mean upload."""
+        held = torch.nonzero(self.counts > 0).flatten()
+        return held, self.counts[held], self.sums[0][held] / self.counts[held, None]
+
+
+def linear_init(
+    out_features: int,
+    in_features: int,
+    bias: bool,
+    generator: torch.Generator,
+    draw: Literal["rand_affine", "nn_init"] = "rand_affine",
+) -> tuple[Tensor, Tensor | None]:
+    """Seeded initial (weight [out, in], bias [out] or None) of ``nn.Linear(in_features, out_features)``,
+    weight drawn first, on the generator's device: U(-1/sqrt(in), 1/sqrt(in)) for both. ``draw`` is how the
+    uniform numbers are made (other floats from the same generator state): ``"rand_affine"``,
+    (torch.rand * 2 - 1) / sqrt(in); ``"nn_init"``, ``nn.init.kaiming_uniform_(a=sqrt(5))`` and ``uniform_``,
+    the calls of ``nn.Linear.reset_parameters``."""
+    device, bound = generator.device, 1.0 / math.sqrt(in_features)
+    if draw == "rand_affine":
+        w = (torch.rand(out_features, in_features, generator=generator, device=device) * 2.0 - 1.0) * bound
+        if not bias:
+            return w, None
+        return w, (torch.rand(out_features, generator=generator, device=device) * 2.0 - 1.0) * bound
+    if draw != "nn_init":
+        raise ValueError(f"unknown draw {draw!r}")
+    w = torch.empty(out_features, in_features, device=device)
+    nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=generator)
+    if not bias:
+        return w, None
+    return w, torch.empty(out_features, device=device).uniform_(-bound, bound, generator=generator)
+
+
 @torch.no_grad()
 def raw_class_means(
     model: nn.Module, data: ClientData, chunk: int = 512, output: Literal["features", "logits"] = "features"
@@ -260,15 +338,13 @@ def raw_class_means(
     model.eval()
     embed = model.features if output == "features" else model
     width = model.feature_dim if output == "features" else data.num_classes
-    sums = torch.zeros(data.num_classes, width, device=data.x.device)
+    sums = ClassSums(data.num_classes, (width,), device=data.x.device)
     idx = data.train_idx
     for start in range(0, len(idx), chunk):
         part = idx[start : start + chunk]
-        sums.index_add_(0, data.y[part], embed(data.x[part]).float())
+        sums.add(data.y[part], embed(data.x[part]).float())
     model.train(was_training)
-    counts = data.label_counts
-    held = torch.nonzero(counts > 0).flatten()
-    return held, counts[held], sums[held] / counts[held, None]
+    return sums.held_means()
 
 
 def class_means_reply(
@@ -289,14 +365,10 @@ def aggregate_prototypes(
     Returns (prototypes, known) with known |= reported. Computed in float64, returned in the input dtype.
     """
     protos = prototypes.double().clone()
-    sums = torch.zeros_like(protos)
-    counts = torch.zeros(protos.shape[0], dtype=torch.float64, device=protos.device)
+    f64 = {"dtype": torch.float64, "device": protos.device}
+    sums = ClassSums(protos.shape[0], protos.shape[1:], **f64, count_dtype=torch.float64)
     for r in replies:
-        if "class_means" not in r:
-            continue
-        n = r["class_counts"].double()
-        sums.index_add_(0, r["classes"], n[:, None] * r["class_means"].double())
-        counts.index_add_(0, r["classes"], n)
-    reported = counts > 0
-    protos[reported] = sums[reported] / counts[reported, None]
-    return protos.to(prototypes.dtype), known | reported
+        if "class_means" in r:
+            sums.add(r["classes"], r["class_means"].double(), weights=r["class_counts"].double())
+    protos[sums.held] = sums.mean()
+    return protos.to(prototypes.dtype), known | sums.held

@@ -1,5 +1,6 @@
 """CReFF (Shang, Lu, Huang & Wang, "Federated Learning on Heterogeneous and Long-Tailed Data via Classifier
-Re-Training with Federated Features", IJCAI 2022; specs/fednh.md sections 3 and 5).
+Re-Training with Federated Features", IJCAI 2022); a baseline of the FedNH paper (Dai et al., AAAI 2023,
+App. A.2).
 
 FedAvg, untouched (local training, the n_k-weighted average, the model clients receive), plus a classifier
 re-trained on the server from "federated features". Sources: [P] the paper; [C] the official code
@@ -32,23 +33,31 @@ evaluating the re-trained one). The personal model is FedAvg's: the client's loc
 [P]'s text was not available when this was written, so steps 1-4 are stated in full (pinned by [C] and [F])
 rather than by [P]'s equation numbers; every point where a reading of [P] may differ from [C]/[F] is an
 option below (``grad_head``, ``grad_weighting``, ``retrain_init``, ``real_batch``), defaulting to [C]/[F],
-the code behind the spec's numbers. Not implemented: [C]'s differentiable augmentation (DSA) of the real
-images before their gradients are taken.
+the code behind the FedNH paper's CReFF numbers. Not implemented: [C]'s differentiable augmentation (DSA)
+of the real images before their gradients are taken.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, StateDict, clone_state, device_of, frozen_forward
+from fedpcd.algorithms.base import (
+    ALGORITHMS,
+    ClassSums,
+    ClientData,
+    StateDict,
+    clone_state,
+    device_of,
+    frozen_forward,
+    linear_init,
+)
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.models import head_keys
 from fedpcd.utils import derive_seed
@@ -105,23 +114,18 @@ def aggregate_class_gradients(
     classes nobody reported."""
     first = replies[0]
     f64 = {"dtype": torch.float64, "device": first["grad_weight"].device}
-    grad_w = torch.zeros(num_classes, *first["grad_weight"].shape[1:], **f64)
-    has_bias = "grad_bias" in first
-    grad_b = torch.zeros(num_classes, first["grad_bias"].shape[1], **f64) if has_bias else None
-    total = torch.zeros(num_classes, **f64)
+    keys = ["grad_weight", "grad_bias"] if "grad_bias" in first else ["grad_weight"]
+    sums = ClassSums(num_classes, *[first[k].shape[1:] for k in keys], **f64, count_dtype=torch.float64)
     for r in replies:
         cls = r["classes"]
         a = r["class_counts"].double() if weighting == "samples" else torch.ones(len(cls), **f64)
-        grad_w.index_add_(0, cls, a[:, None, None] * r["grad_weight"].double())
-        if grad_b is not None:
-            grad_b.index_add_(0, cls, a[:, None] * r["grad_bias"].double())
-        total.index_add_(0, cls, a)
-    reported = total > 0
-    grad_w[reported] /= total[reported, None, None]
-    if grad_b is not None:
-        grad_b[reported] /= total[reported, None]
+        sums.add(cls, *[r[k].double() for k in keys], weights=a)
+    reported = sums.held
+    for i, grad in enumerate(sums.sums):
+        grad[reported] = sums.mean(i)
     dtype = first["grad_weight"].dtype
-    return grad_w.to(dtype), (grad_b.to(dtype) if grad_b is not None else None), reported
+    grad_w, grad_b = sums.sums[0].to(dtype), (sums.sums[1].to(dtype) if len(keys) == 2 else None)
+    return grad_w, grad_b, reported
 
 
 def matching_loss(
@@ -157,17 +161,6 @@ def match_features(
         loss.backward()
         opt.step()
     return feats.detach()
-
-
-def linear_init(
-    num_classes: int, dim: int, bias: bool, generator: torch.Generator
-) -> tuple[Tensor, Tensor | None]:
-    """nn.Linear's default init, U(-1/sqrt(d), 1/sqrt(d)) for weight and bias, drawn from ``generator`` (on
-    its device)."""
-    bound = 1.0 / math.sqrt(dim)
-    w = (torch.rand(num_classes, dim, generator=generator) * 2.0 - 1.0) * bound
-    b = (torch.rand(num_classes, generator=generator) * 2.0 - 1.0) * bound if bias else None
-    return w, b
 
 
 def retrain_classifier(
@@ -215,16 +208,17 @@ def retrain_classifier(
 class CReFF(FedAvg):
     """CReFF: FedAvg + a classifier re-trained on server-side features learnt by gradient matching."""
 
-    # m, federated features per class: 100 ([C] num_of_feature, [F]; spec sec. 3).
+    # m, federated features per class: 100 ([C] num_of_feature, [F]; FedNH App. A.2).
     feats_per_class: Annotated[int, Field(ge=1)] = 100
-    # SGD steps on the matching loss per round: 100 ([C] match_epoch, one full-batch step each; spec sec. 3).
+    # SGD steps on the matching loss per round: 100 ([C] match_epoch, one full-batch step each; FedNH
+    # App. A.2).
     match_steps: Annotated[int, Field(ge=0)] = 100
-    # Learning rate of the features: 0.01, the FedNH paper's setting for [F] (spec sec. 3: [C]'s default
+    # Learning rate of the features: 0.01, the FedNH paper's setting for [F] (FedNH App. A.2: [C]'s default
     # lr_feature = 0.1 made its cross-device runs unstable). 0.1 reproduces [C].
     feature_lr: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.01
-    # Re-training passes over the C x m features per round: 300 ([C] crt_epoch; spec sec. 3).
+    # Re-training passes over the C x m features per round: 300 ([C] crt_epoch; FedNH App. A.2).
     retrain_epochs: Annotated[int, Field(ge=0)] = 300
-    # Learning rate of the re-training: 0.01 ([C] lr_net; spec sec. 3).
+    # Learning rate of the re-training: 0.01 ([C] lr_net; FedNH App. A.2).
     retrain_lr: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.01
     # Re-training batch size; None = local.batch_size, as [C] (batch_size_local_training) and [F].
     retrain_batch_size: Annotated[int, Field(ge=1)] | None = None
@@ -309,8 +303,6 @@ class CReFF(FedAvg):
         return model
 
     # ----- client -----
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (FedAvg's training)
-
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:

@@ -1,5 +1,5 @@
 """Ditto (Li, Hu, Beirami & Smith, "Ditto: Fair and Robust Federated Learning Through Personalization",
-ICML 2021), Eq. (2) and Alg. 1; the FedNH benchmark's baseline, specs/fednh.md sections 3 and 5.
+ICML 2021), Eq. (2) and Alg. 1; a baseline of the FedNH paper (Dai et al., AAAI 2023, Sec. 4.1, App. A.2).
 
 The global model w is trained and aggregated exactly as FedAvg: same reply, same aggregate, and the FedAvg
 part of a client's round runs first on the client's generator, so Ditto's GM equals FedAvg's bit for bit
@@ -12,8 +12,8 @@ w^t the global model the client received, for the local epochs at the round's lo
 v_k <- v_k - eta (grad F_k(v_k) + lambda (v_k - w^t))). The personal model is v_k; the proximal term covers
 the parameters, not BatchNorm buffers.
 
-Options, each naming its source (the paper [P], its official code [D] = litian96/ditto, the FedNH code [C]
-whose Ditto the spec's numbers come from):
+Options, each naming its source (the paper [P], its official code [D] = litian96/ditto, the FedNH
+benchmark code [C] = Yutong-Dai/FedNH, whose Ditto produced the FedNH paper's numbers):
 
 - ``personal_init``: v_k before the client's first personal step. "initial" (default) = the seeded initial
   model w^0, as [D] and [C] do (every v_k starts as w^0); "global" = the global model received at first
@@ -32,12 +32,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-import torch
 from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, clone_state, sq_distance
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply
 
 
 @ALGORITHMS.register("ditto")
@@ -45,7 +44,7 @@ from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
 class Ditto(FedAvg):
     """Ditto: FedAvg for the global model plus a private personal model trained on Eq. (2)."""
 
-    # lambda of Eq. (2). 0.75: specs/fednh.md sec. 3 and 5 (the FedNH paper's and code's value); the Ditto
+    # lambda of Eq. (2). 0.75: FedNH App. A.2 (the FedNH paper's and code's value); the Ditto
     # paper tunes lambda per dataset. lambda = 0: v_k is trained on its local loss alone.
     lam: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.75
     personal_init: Literal["initial", "global"] = "initial"  # [D] and [C]: v_k^0 = w^0
@@ -53,30 +52,30 @@ class Ditto(FedAvg):
     personal_optimizer: Literal["sgd", "local"] = "sgd"  # "sgd": [P] Alg. 1, [D], [C]
 
     # ----- client -----
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
+    def local_update(self, model: nn.Module, data: ClientData, work: LocalWork) -> tuple[Reply, Any]:
         """FedAvg's local update (the reply), then E epochs on Eq. (2) for v_k, which becomes the state."""
+        payload, state = work.received, work.state
         initial = clone_state(model) if state is None and self.personal_init == "initial" else None
-        reply, _ = super().local_update(model, data, payload, state, rng)
+        reply, _ = super().local_update(model, data, work)
         if state is not None:
             model.load_state_dict(state)
         else:
             model.load_state_dict(initial if initial is not None else payload["model"])
         anchor = payload["model"] if self.anchor == "global" else reply["model"]
-        plain = self.personal_optimizer == "sgd"
-        self.train(model, data, {**payload, "anchor": anchor}, state, rng, plain_sgd=plain)
-        return reply, clone_state(model)
+        work.payload = {**payload, "anchor": anchor}
+        self.train(model, data, work, plain_sgd=self.personal_optimizer == "sgd")
+        work.state = clone_state(model)
+        return reply, work.state
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Cross-entropy for the global model; Eq. (2), CE + (lambda/2)||v - w||^2, for the personal one
         (its payload carries the anchor w)."""
-        ce = super().loss(model, batch, payload, state)
-        if "anchor" not in payload or self.lam == 0.0:
+        ce = super().loss(model, batch, work)
+        if "anchor" not in work.payload or self.lam == 0.0:
             return ce
-        return ce + self.lam / 2 * sq_distance(model, payload["anchor"])
+        return ce + self.lam / 2 * sq_distance(model, work.payload["anchor"])
 
-    def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
+    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
         """The personal model v_k."""
-        model.load_state_dict(state)
+        model.load_state_dict(work.state)
         return model

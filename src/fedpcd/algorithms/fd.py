@@ -1,8 +1,8 @@
 """FD, federated distillation (Jeong, Oh, Kim, Bennis & Kim, "Communication-Efficient On-Device Machine
 Learning: Federated Distillation and Augmentation under Non-IID Private Data", NeurIPS-W 2018, Alg. 1); a
-model-heterogeneous baseline of FedSSA (specs/fedssa.md section 5: "clients upload per-class mean logits;
-the server averages them per class; clients add a distillation term pulling their logits toward the global
-per-class logits").
+model-heterogeneous baseline of FedSSA (Yi et al., IJCAI 2024, Sec. 2 and 6.1): clients upload per-class
+mean logits; the server averages them per class; clients add a distillation term pulling their logits toward
+the global per-class logits.
 
 No weights are shared: each client's whole model is private (the client state) and may have its own
 architecture. With F_k(x) the model's logits (C values) and G_c the global mean logit vector of class c:
@@ -19,7 +19,7 @@ architecture. With F_k(x) the model's logits (C values) and G_c the global mean 
 
 Library choices, documented: Alg. 1 of the paper gives each device the global average *excluding its own*
 upload and accumulates logits during training; here every client receives the same average (as the common
-open implementations do, and as specs/fedssa.md describes it) and the means are recomputed after training
+open implementations do, and as FedSSA's Sec. 2 describes it) and the means are recomputed after training
 (like FedProto here). The paper's and FedSSA's distance and gamma are not stated; "mse" with gamma = 1 is the
 library default, "kl" the usual distillation form.
 """
@@ -35,7 +35,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, device_of
-from fedpcd.algorithms.fedavg import Payload, Predictor
+from fedpcd.algorithms.fedavg import LocalWork, Predictor
 from fedpcd.algorithms.fedproto import ClassMeanExchange, prototype_mse
 
 
@@ -59,7 +59,6 @@ class FD(ClassMeanExchange):
     gamma: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0  # weight of the distillation term
     distill: Literal["mse", "kl"] = "mse"
     temperature: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0  # T of "kl"
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (the loss reads no attrs)
     # weighting (inherited): "uniform" = mean over the holders; "samples" = weighted by their class counts
 
     def init_server(self, model: nn.Module) -> dict[str, Any]:
@@ -70,21 +69,21 @@ class FD(ClassMeanExchange):
             "known": torch.zeros(c, dtype=torch.bool, device=device),
         }
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """CE + gamma * D(F_k(x), G_y) (``distill``; classes without a global logit vector add 0)."""
         x, y = batch
         logits = model(x)
         ce = F.cross_entropy(logits, y)
         if self.gamma == 0.0:
             return ce
-        targets, known = payload["logits"], payload["known"]
+        targets, known = work.payload["logits"], work.payload["known"]
         if self.distill == "mse":
             term = prototype_mse(logits, y, targets, known)
         else:
             term = logit_kl(logits, y, targets, known, self.temperature)
         return ce + self.gamma * term
 
-    def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
+    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
         """The own model."""
-        model.load_state_dict(state["model"])
+        model.load_state_dict(work.state["model"])
         return model

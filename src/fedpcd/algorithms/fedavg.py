@@ -7,7 +7,9 @@ server: ``init_server`` once; each round ``payload_for`` per sampled client, the
         ``global_predictor`` for generic accuracy (GA).
 client: ``local_update`` (default: ``begin_local`` = ``load_payload``; ``fit`` = the shared ``train`` loop
         driven by ``loss`` and ``correct_grads``; ``end_local`` = the reply), then ``personal_predictor`` for
-        the personal metrics, evaluated where the client state lives.
+        the personal metrics, evaluated where the client state lives. Every client hook gets the update's
+        :class:`LocalWork`, which holds all of its working values; the algorithm object holds only its
+        hyperparameters and ``ctx``.
 
 Server state, payloads, replies and client state are dicts of tensors, numbers and strings: nothing may rely
 on running in one process. Client state holds only what is personal (None for FedAvg).
@@ -36,16 +38,61 @@ def shifted(grads: Mapping[str, Tensor], terms: Mapping[str, Tensor]) -> dict[st
     return {name: g + terms[name] if name in terms else g for name, g in grads.items()}
 
 
-@dataclass
 class LocalWork:
-    """What one client's local update works on, from ``begin_local`` to ``end_local``: the payload and state
-    the ``loss`` sees (with the client's working tensors, e.g. trainable copies or class scales), the payload
-    as received and the client's generator."""
+    """One client's local update: everything it works on, from ``begin_local`` to ``personal_predictor``.
 
+    The engine creates one for every client update (``fedpcd.engine.federation.client_step``) and passes it
+    to every client hook, so the algorithm object holds no per-client or per-round value:
+
+    - ``round``: the current round t (1..R);
+    - ``payload``, ``state``: what the loss sees (``begin_local`` may replace them, e.g. by a copy with
+      trainable tensors, or the initial state at a first participation); after ``local_update``, ``state``
+      is the client's new state;
+    - ``received``: the payload as received;
+    - ``rng``: the client's generator (seeded from run seed, round and client id);
+    - the method's working values, plain attributes its hooks set and read (FedNH's ``work.scale``,
+      SCAFFOLD's ``work.correction``, FedRoD's ``work.personal_head``), listed by :meth:`working_values`.
+
+    The vectorized executor (engine/vectorized/) stacks the tensors of ``payload``, ``state`` and the working
+    values of the round's clients along a leading client dimension; a loss reads them the same way then.
+    """
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("round", "payload", "state", "received", "rng")
+
+    round: int
     payload: Payload
     state: Any
     received: Payload
     rng: torch.Generator
+
+    def __init__(
+        self,
+        payload: Payload,
+        state: Any,
+        rng: torch.Generator,
+        *,
+        round: int = 1,
+        received: Payload | None = None,
+        **values: Any,
+    ) -> None:
+        self.round = round
+        self.payload = payload
+        self.state = state
+        self.received = payload if received is None else received
+        self.rng = rng
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def working_values(self) -> dict[str, Any]:
+        """The method's working values by name, in the order they were first set."""
+        return {k: v for k, v in vars(self).items() if k not in self.FIELDS}
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The working value ``name``, or ``default`` when no hook has set it."""
+        return getattr(self, name, default)
+
+    def __repr__(self) -> str:
+        return f"LocalWork(round={self.round}, values={sorted(self.working_values())})"
 
 
 @ALGORITHMS.register("fedavg")
@@ -58,9 +105,9 @@ class FedAvg:
     heterogeneous: ClassVar[bool] = False
 
     def setup(self, ctx: Context) -> None:
-        """Called once on every process that runs this algorithm (server and clients)."""
+        """Called once on every process that runs this algorithm (server and clients); the algorithm object
+        holds only its hyperparameters, ``ctx`` and what is derived from them (never a client's values)."""
         self.ctx = ctx
-        self.round = 0  # the engine sets the current round (1..R) before each client step
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
@@ -82,39 +129,30 @@ class FedAvg:
         return model
 
     # ----- client -----
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
+    def local_update(self, model: nn.Module, data: ClientData, work: LocalWork) -> tuple[Reply, Any]:
         """Train from the payload; reply with the new weights, the sample count and the mean train loss.
 
         Three parts: ``begin_local``, ``fit`` (the shared ``train`` loop), ``end_local`` (the vectorized
-        executor, engine/vectorized.py, runs the middle part for many clients at once)."""
-        work = self.begin_local(model, data, payload, state, rng)
-        loss = self.fit(model, data, work.payload, work.state, rng)
-        return self.end_local(model, data, work, loss)
+        executor, engine/vectorized/, runs the middle part for many clients at once). Returns (reply, new
+        state) and leaves the new state in ``work.state`` for ``personal_predictor``."""
+        self.begin_local(model, data, work)
+        loss = self.fit(model, data, work)
+        reply, work.state = self.end_local(model, data, work, loss)
+        return reply, work.state
 
-    # ----- the local update in parts, for the vectorized executor (engine/vectorized.py) -----
-    # Per-client working attributes that ``loss`` reads (set by ``begin_local``). Declaring this tuple in a
-    # class's own body opts the class into the vectorized executor: a subclass must declare it again, as it
-    # may change the loss, the loop or the update in ways the executor cannot see.
-    vector_attrs: ClassVar[tuple[str, ...]] = ()
+    # ----- the local update in parts, for the vectorized executor (engine/vectorized/) -----
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Before training: load the payload into ``model`` and set up ``work``: what ``train`` and ``loss``
+        see (``work.payload``, ``work.state``) and the method's working values.
 
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """Before training: load the payload into ``model`` and return what ``train`` and ``loss`` see.
+        Must not draw from ``work.rng`` (the vectorized executor calls it again after training to re-enter
+        the client's working values)."""
+        self.load_payload(model, work.payload, work.state)
 
-        Must not draw from ``rng`` (the vectorized executor calls it again after training to re-enter the
-        client's working state)."""
-        self.load_payload(model, payload, state)
-        return LocalWork(payload, state, payload, rng)
-
-    def fit(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> float:
-        """Local training of one round on ``begin_local``'s payload and state; the mean loss (FedAvg: the
-        shared loop; FedRep: two phases). The vectorized executor runs only classes that keep this one."""
-        return self.train(model, data, payload, state, rng)
+    def fit(self, model: nn.Module, data: ClientData, work: LocalWork) -> float:
+        """Local training of one round on ``begin_local``'s work; the mean loss (FedAvg: the shared loop;
+        FedRep: two phases). The vectorized executor runs only classes that keep this one."""
+        return self.train(model, data, work)
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -122,43 +160,40 @@ class FedAvg:
         """After training (``model`` and ``work`` hold the trained tensors): the reply and the new state."""
         return {"model": clone_state(model), "num_samples": data.num_samples, "train_loss": loss}, work.state
 
-    def vector_loss(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any
-    ) -> Tensor:
+    def vector_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """``loss`` in a form ``torch.func.vmap`` can trace (no data-dependent Python control flow, no random
-        draws); equal to ``loss`` up to float rounding. The vectorized executor trains with this. Default:
-        ``loss`` where a subclass overrides it, else ``objective(..., traceable=True)``."""
+        draws); equal to ``loss`` up to float rounding. The vectorized executor trains with this, on a
+        ``work`` whose tensors are one client's slices of the stacked ones (its ``received`` is empty).
+        Default: ``loss`` where a subclass overrides it, else ``objective(..., traceable=True)``."""
         if type(self).loss is not FedAvg.loss:
-            return self.loss(model, batch, payload, state)
-        return self.objective(model, batch, payload, state, traceable=True)
+            return self.loss(model, batch, work)
+        return self.objective(model, batch, work, traceable=True)
 
     def vectorize_blocker(self) -> str | None:
         """Why the vectorized executor cannot train this algorithm as configured (None: it can)."""
-        if "vector_attrs" not in type(self).__dict__:
-            return f"{type(self).__name__} is not covered by the vectorized executor"
         return None
 
-    def personal_extra(self, model: nn.Module, payload: Payload, state: Any) -> dict[str, Any] | None:
+    def personal_extra(self, model: nn.Module, work: LocalWork) -> dict[str, Any] | None:
         """The tensors besides the model's weights that the personal predictor reads, so that right after
-        ``personal_predictor(model, payload, state)`` it equals ``x -> personal_logits(model, x, extra)``;
-        None when it has no such form. A predictor that is the model itself needs neither hook."""
+        ``personal_predictor(model, work)`` it equals ``x -> personal_logits(model, x, extra)``; None when
+        it has no such form. A predictor that is the model itself needs neither hook."""
         return None
 
     def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
         """The personal predictor's output from the model's weights and ``personal_extra`` (batched
-        personal evaluation, engine/vectorized.py)."""
+        personal evaluation, engine/vectorized/)."""
         return model(x)
 
     def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
         """Put the received (and any personal) weights into the reusable model object."""
         model.load_state_dict(payload["model"])
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """The local objective on one batch (``objective`` as the shared loop runs it)."""
-        return self.objective(model, batch, payload, state, traceable=False)
+        return self.objective(model, batch, work, traceable=False)
 
     def objective(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any, traceable: bool
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
     ) -> Tensor:
         """The local objective on one batch: cross-entropy for FedAvg. Override this instead of ``loss`` and
         ``vector_loss`` when one formula serves both: ``traceable`` asks for the form without data-dependent
@@ -166,11 +201,12 @@ class FedAvg:
         x, y = batch
         return F.cross_entropy(model(x), y)
 
-    def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:
-        """Parameters the local optimiser updates (all of them for FedAvg)."""
+    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
+        """Parameters (or working tensors of ``work``) the local optimiser updates (all parameters for
+        FedAvg)."""
         return model.parameters()
 
-    def before_step(self, model: nn.Module, payload: Payload, state: Any) -> None:
+    def before_step(self, model: nn.Module, work: LocalWork) -> None:
         """Called after backward and before the optimiser step: the gradients become ``correct_grads``'s.
 
         Override ``correct_grads`` rather than this (the vectorized executor runs only classes that keep
@@ -180,12 +216,12 @@ class FedAvg:
         params = dict(model.named_parameters())
         grads = {name: p.grad for name, p in params.items() if p.grad is not None}
         with torch.no_grad():
-            corrected = self.correct_grads(grads, params, payload, state)
+            corrected = self.correct_grads(grads, params, work)
         for name, g in corrected.items():
             params[name].grad = g
 
     def correct_grads(
-        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], payload: Payload, state: Any
+        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], work: LocalWork
     ) -> dict[str, Tensor]:
         """The gradients the optimiser steps on, by parameter name, from the loss's ``grads`` (the
         parameters that have one); ``params`` holds every parameter's current value. Gradient corrections
@@ -194,7 +230,7 @@ class FedAvg:
 
         Tensor code only, out of place (no data-dependent Python control flow, no random draws): the shared
         loop calls it on one model's gradients, the vectorized executor vmaps it over the clients' stacked
-        gradients, parameters, payloads, states and ``vector_attrs``."""
+        gradients, parameters and works."""
         return grads
 
     def max_grad_norm(self) -> float | None:
@@ -205,33 +241,33 @@ class FedAvg:
         self,
         model: nn.Module,
         data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
+        work: LocalWork,
         epochs: int | None = None,
         lr: float | None = None,
         plain_sgd: bool = False,
     ) -> float:
-        """The shared local loop: a fresh SGD optimiser, ``epochs`` shuffled passes; returns the mean loss.
+        """The shared local loop: a fresh SGD optimiser, ``epochs`` shuffled passes drawn from ``work.rng``;
+        returns the mean loss.
 
-        ``epochs`` defaults to ``local.epochs``, ``lr`` to ``local.lr * local.lr_decay^(round - 1)``;
-        ``plain_sgd`` drops ``local.momentum`` and ``local.weight_decay`` (e.g. Ditto's personal steps).
+        ``epochs`` defaults to ``local.epochs``, ``lr`` to ``local.lr * local.lr_decay^(t - 1)`` in round t
+        (``work.round``); ``plain_sgd`` drops ``local.momentum`` and ``local.weight_decay`` (e.g. Ditto's
+        personal steps).
         """
         cfg = self.ctx.local
-        params = [p for p in self.trainable_parameters(model, payload, state) if p.requires_grad]
+        params = [p for p in self.trainable_parameters(model, work) if p.requires_grad]
         if lr is None:
-            lr = round_lr(cfg, self.round)
+            lr = round_lr(cfg, work.round)
         momentum, decay = (0.0, 0.0) if plain_sgd else (cfg.momentum, cfg.weight_decay)
         opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=decay)
         model.train()
         total = torch.zeros((), device=next(model.parameters()).device)
         seen = 0
         for _ in range(cfg.epochs if epochs is None else epochs):
-            for batch in data.batches(cfg.batch_size, rng):
-                loss = self.loss(model, batch, payload, state)
+            for batch in data.batches(cfg.batch_size, work.rng):
+                loss = self.loss(model, batch, work)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                self.before_step(model, payload, state)
+                self.before_step(model, work)
                 clip = self.max_grad_norm()
                 if clip is not None:
                     nn.utils.clip_grad_norm_(params, clip)
@@ -245,22 +281,22 @@ class FedAvg:
         self,
         model: nn.Module,
         data: ClientData,
-        payload: Payload,
-        state: Any,
-        rng: torch.Generator,
+        work: LocalWork,
         *,
         epochs: int,
         lr: float | None,
         from_global: bool,
     ) -> None:
         """Fine-tune ``model`` in place into a personal model (after the reply and state were cloned): from
-        the received global model (``from_global``) or from this round's local model (FedAvg-FT, FedBABU)."""
+        the received global model (``from_global``, with ``work.state``'s personal part) or from this round's
+        local model (FedAvg-FT, FedBABU)."""
         if from_global:
-            self.load_payload(model, payload, state)
-        self.train(model, data, payload, state, rng, epochs=epochs, lr=lr)
+            self.load_payload(model, work.received, work.state)
+        self.train(model, data, work, epochs=epochs, lr=lr)
 
-    def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
-        """The client's personal model, right after ``local_update`` (FedAvg: the locally trained model)."""
+    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
+        """The client's personal model, right after ``local_update`` (FedAvg: the locally trained model);
+        ``work.received`` is the payload as received and ``work.state`` the new state."""
         return model
 
     # ----- diagnostics (fedpcd.report.geometry): the feature space the classifier reads -----
@@ -271,8 +307,9 @@ class FedAvg:
         return lambda x: model.features(x).flatten(1)
 
     def personal_features(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
-        """x -> the personal model's features h, right after ``local_update``."""
-        self.personal_predictor(model, payload, state)  # puts any personal weights into ``model``
+        """x -> the personal model's features h, right after ``local_update`` from ``payload`` (the new
+        ``state``): the features of ``model`` as the update left it (every method here leaves its personal
+        weights there; FedGELA's classifier reads its projected h instead)."""
         return lambda x: model.features(x).flatten(1)
 
     # ----- extra metrics -----

@@ -3,7 +3,7 @@ ICLR 2022, Alg. 1).
 
 During federated training the head stays at its random initialisation and is never in the optimiser; only
 the body is trained and averaged. Personalisation fine-tunes the *whole* network (the paper's default, "FT
-(full)") for ``finetune_epochs`` epochs on the client's training data (specs/fednh.md sec. 5: 5 epochs).
+(full)") for ``finetune_epochs`` epochs on the client's training data (FedNH paper, App. A.2: 5 epochs).
 
 How this maps onto the engine (which evaluates the personal model right after ``local_update``): the head
 lives in the client state like FedPer's private head, but is the initial one forever (never trained, never
@@ -12,7 +12,7 @@ fine-tuned in place and is the personal predictor; the next round starts again f
 
 Options: ``finetune_from`` "global" (paper: fine-tune the received global body + the fixed head) or
 "local" (fine-tune on top of this round's local body); ``finetune_when`` "every_round" (every reported PM is
-a fine-tuned model) or "last_round" (only in round R, as [C] of specs/fednh.md; earlier PMs are then the
+a fine-tuned model) or "last_round" (only in round R, as the FedNH benchmark code; earlier PMs are then the
 un-fine-tuned local models, and compute is saved); ``finetune_lr`` None = the round's local lr.
 """
 
@@ -20,14 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Literal
 
-import torch
 from pydantic import Field
 from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, backbone_parameters
-from fedpcd.algorithms.fedavg import Payload
+from fedpcd.algorithms.fedavg import LocalWork
 from fedpcd.algorithms.fedper import FedPer
 
 
@@ -36,38 +35,25 @@ from fedpcd.algorithms.fedper import FedPer
 class FedBABU(FedPer):
     """FedBABU: body-only training against a frozen random head; full fine-tuning for the personal model."""
 
-    finetune_epochs: Annotated[int, Field(ge=0)] = 5  # specs/fednh.md sec. 5 ([C]); the paper's tau_f
+    finetune_epochs: Annotated[int, Field(ge=0)] = 5  # FedNH App. A.2 and its code; the paper's tau_f
     finetune_from: Literal["global", "local"] = "global"  # "global": the paper's protocol
     finetune_when: Literal["every_round", "last_round"] = "every_round"
     finetune_lr: Annotated[float, Field(gt=0.0)] | None = None  # None: the round's local lr
 
-    _finetuning = False  # working state of personalise (not a field)
-
-    # covered by the vectorized executor (engine/vectorized.py): the body's training; the fine-tuning in
-    # ``personalise`` runs per client after it
-    vector_attrs: ClassVar[tuple[str, ...]] = ()
-
-    def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:
+    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
         """Body only during FL (the head is not in the optimiser); everything while fine-tuning."""
-        return model.parameters() if self._finetuning else backbone_parameters(model)
+        return model.parameters() if work.get("finetuning", False) else backbone_parameters(model)
 
-    def personalise(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> None:
+    def personalise(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
         """Fine-tune the whole model in place (the reply and state were cloned before)."""
-        if self.finetune_when == "last_round" and self.round != self.ctx.rounds:
+        if self.finetune_when == "last_round" and work.round != self.ctx.rounds:
             return
-        self._finetuning = True
-        try:
-            self.finetune(
-                model,
-                data,
-                payload,
-                state,
-                rng,
-                epochs=self.finetune_epochs,
-                lr=self.finetune_lr,
-                from_global=self.finetune_from == "global",
-            )
-        finally:
-            self._finetuning = False
+        work.finetuning = True
+        self.finetune(
+            model,
+            data,
+            work,
+            epochs=self.finetune_epochs,
+            lr=self.finetune_lr,
+            from_global=self.finetune_from == "global",
+        )

@@ -1,7 +1,7 @@
 """FedClassAvg (Jang, Kim, Lee & Yoon, "FedClassAvg: Local Representation Learning for Personalized
 Federated Learning on Heterogeneous Neural Networks", ICPP 2022); a model-heterogeneous baseline of FedSSA
-(specs/fedssa.md section 5: "global averaging of the full classifier, plus a proximal term toward the
-global classifier and supervised contrastive learning on the representations").
+(Yi et al., IJCAI 2024, Sec. 2 and 6.1): global averaging of the full classifier, plus a proximal term toward
+the global classifier and supervised contrastive learning on the representations.
 
 LG-FedAvg's split (private, possibly heterogeneous feature extractor; the linear classifier is global,
 replaced by the received average at the start of local training, averaged by n_k) with the local objective
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +41,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, device_of
-from fedpcd.algorithms.fedavg import Payload
+from fedpcd.algorithms.fedavg import LocalWork
 from fedpcd.algorithms.lgfedavg import LGFedAvg
 
 
@@ -91,17 +91,15 @@ class FedClassAvg(LGFedAvg):
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.07  # SupCon temperature
     normalize: bool = True  # L2-normalise z before SupCon ([O]: false)
 
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (``objective``)
-
     def objective(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any, traceable: bool
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
     ) -> Tensor:
         """CE + (rho/2) prox(head, received head) + lam SupCon(z, y)."""
         x, y = batch
         z = model.features(x)
         total = F.cross_entropy(model.head(z), y)
         if self.rho > 0.0:
-            total = total + self.rho / 2 * classifier_proximal(model, payload["model"], self.prox)
+            total = total + self.rho / 2 * classifier_proximal(model, work.payload["model"], self.prox)
         if self.lam > 0.0:
             total = total + self.lam * supcon_loss(z, y, self.tau, self.normalize, traceable)
         return total

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, Weighting, zeros_like_params
-from fedpcd.algorithms.fedavg import LocalWork, Payload, Reply, shifted
+from fedpcd.algorithms.fedavg import LocalWork, Reply, shifted
 from fedpcd.algorithms.scaffold import Scaffold
 
 
@@ -39,7 +39,7 @@ from fedpcd.algorithms.scaffold import Scaffold
 class FedDC(Scaffold):
     """FedDC: SCAFFOLD + the drift penalty (alpha/2)||theta + h_i - w||^2 and the drift-corrected upload."""
 
-    # alpha of the penalty R. 1e-4: FedMR Table 9's tuned value for most splits (specs/fedmr.md section 3;
+    # alpha of the penalty R. 1e-4: FedMR Table 9's tuned value for most splits (Fan et al., TMLR 2023;
     # FMNIST P5C2/P10C2/P10C5 1e-3, CIFAR10 P10C5 1e-5). The paper uses 0.01 (0.1 on some datasets).
     alpha: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0e-4
     # The server averages the uploads with 1/|S| ([P] and the official code); "samples" weights them by n_k.
@@ -48,9 +48,6 @@ class FedDC(Scaffold):
     def init_client_state(self, model: nn.Module) -> dict[str, Any]:
         """c_i = 0 and h_i = 0."""
         return {"control": zeros_like_params(model), "drift": zeros_like_params(model)}
-
-    # as SCAFFOLD's (vectorized executor, engine/vectorized.py)
-    vector_attrs: ClassVar[tuple[str, ...]] = ("_correction",)
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -64,11 +61,11 @@ class FedDC(Scaffold):
         return reply, state
 
     def correct_grads(
-        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], payload: Payload, state: Any
+        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], work: LocalWork
     ) -> dict[str, Tensor]:
         """Gradient of G, c - c_i (SCAFFOLD's), plus that of R, alpha (theta + h_i - w)."""
-        grads = super().correct_grads(grads, params, payload, state)
+        grads = super().correct_grads(grads, params, work)
         if self.alpha == 0.0:
             return grads
-        w, drift = payload["model"], state["drift"]
+        w, drift = work.payload["model"], work.state["drift"]
         return shifted(grads, {name: self.alpha * (params[name] + drift[name] - w[name]) for name in drift})

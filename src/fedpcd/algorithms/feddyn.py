@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import torch
 from pydantic import Field
@@ -38,7 +38,7 @@ from fedpcd.algorithms.base import (
     weighted_average,
     zeros_like_params,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply, shifted
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply, shifted
 
 
 @ALGORITHMS.register("feddyn")
@@ -46,8 +46,8 @@ from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Repl
 class FedDyn(FedAvg):
     """FedDyn: linear + quadratic dynamic regulariser on the client, h-corrected average on the server."""
 
-    # alpha of Alg. 1. 1e-4: FedMR Table 9's tuned value for FMNIST, CIFAR10 and CIFAR100 (specs/fedmr.md
-    # section 3; SVHN 1e-6 / 1e-5). The paper uses {0.1, 0.01, 0.001}.
+    # alpha of Alg. 1. 1e-4: FedMR Table 9's tuned value for FMNIST, CIFAR10 and CIFAR100 (Fan et al.,
+    # TMLR 2023; SVHN 1e-6 / 1e-5). The paper uses {0.1, 0.01, 0.001}.
     alpha: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0e-4
     # Weights of the server's model average: "uniform" = 1/|P_t| (the paper and official code);
     # "samples" = n_k like the library's FedAvg.
@@ -76,18 +76,12 @@ class FedDyn(FedAvg):
         return server
 
     # ----- client -----
-    # the gradients get ``self._linear`` per client (vectorized executor, engine/vectorized.py)
-    vector_attrs: ClassVar[tuple[str, ...]] = ("_linear",)
-
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """Alg. 1 client step: start from theta^{t-1} with the gradient state (zero at first)."""
-        state = dict(state) if state is not None else {"grad": zeros_like_params(model)}
-        work = super().begin_local(model, data, payload, state, rng)
-        # Working state of this client step: the linear term's gradient, -grad L_k(theta_k^{t-1}).
-        self._linear = {k: -g for k, g in state["grad"].items()}
-        return work
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Alg. 1 client step: start from theta^{t-1} with the gradient state (zero at first); the linear
+        term's gradient -grad L_k(theta_k^{t-1}) is ``work.linear``."""
+        work.state = dict(work.state) if work.state is not None else {"grad": zeros_like_params(model)}
+        super().begin_local(model, data, work)
+        work.linear = {k: -g for k, g in work.state["grad"].items()}
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -100,11 +94,11 @@ class FedDyn(FedAvg):
         return reply, state
 
     def correct_grads(
-        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], payload: Payload, state: Any
+        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], work: LocalWork
     ) -> dict[str, Tensor]:
         """Gradient of the local regulariser: -grad L_k(theta_k^{t-1}) + alpha (theta - theta^{t-1})."""
-        prev = payload["model"]
-        terms = {name: self._linear[name] + self.alpha * (params[name] - prev[name]) for name in self._linear}
+        prev, linear = work.payload["model"], work.linear
+        terms = {name: linear[name] + self.alpha * (params[name] - prev[name]) for name in linear}
         return shifted(grads, terms)
 
     # ----- extra metrics -----

@@ -26,10 +26,9 @@ project to C dimensions, its CIFAR CNN to 64; d >= C is required).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +42,7 @@ from fedpcd.algorithms.base import (
     balanced_softmax_loss,
     clone_state,
     device_of,
+    linear_init,
     load_backbone,
     log_prior,
     weighted_average,
@@ -65,12 +65,9 @@ def etf_logits(z: Tensor, proj: dict[str, Tensor], etf: Tensor, scale: Tensor | 
 
 
 def init_projection(in_dim: int, out_dim: int, generator: torch.Generator) -> dict[str, Tensor]:
-    """nn.Linear's default initialisation (Kaiming-uniform weight, U(+-1/sqrt(in)) bias), seeded; on the
-    generator's device."""
-    weight = torch.empty(out_dim, in_dim, device=generator.device)
-    nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
-    bound = 1.0 / math.sqrt(in_dim)
-    bias = torch.empty(out_dim, device=generator.device).uniform_(-bound, bound, generator=generator)
+    """nn.Linear's default initialisation (Kaiming-uniform weight, U(+-1/sqrt(in)) bias) as its
+    ``reset_parameters`` draws it, seeded; on the generator's device."""
+    weight, bias = linear_init(out_dim, in_dim, True, generator, draw="nn_init")
     return {"weight": weight, "bias": bias}
 
 
@@ -128,58 +125,54 @@ class FedETF(FedAvg):
         return self._predictor(model, server["proj"], server["etf"], server["scale"])
 
     # ----- client -----
-    # Working state of a client step, read by the loss (the projection and beta also by personal_predictor).
-    vector_attrs: ClassVar[tuple[str, ...]] = ("_proj", "_scale", "_log_prior")
-
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """Backbone, trainable copies of the projection and beta (``load_payload``), and the log class prior
-        of the balanced feature loss; the ETF is fixed."""
-        self._log_prior = log_prior(data.label_counts)
-        return super().begin_local(model, data, payload, state, rng)
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Backbone; working, trainable copies of the projection and beta (``work.proj``, ``work.scale``)
+        and the log class prior of the balanced feature loss (``work.log_prior``); the ETF is fixed."""
+        super().begin_local(model, data, work)
+        work.proj = {k: v.detach().clone().requires_grad_(True) for k, v in work.payload["proj"].items()}
+        work.scale = work.payload["scale"].detach().clone().requires_grad_(self.learn_scale)
+        work.log_prior = log_prior(data.label_counts)
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
-        """Backbone, projection and beta as the reply; the seed of this client's personal fine-tuning."""
-        self._data = data  # working state of this client step, for the fine-tuning in personal_predictor
-        self._finetune_seed = int(torch.randint(0, 2**62, (1,), generator=work.rng))
+        """Backbone, projection and beta as the reply; the data and seed of this client's personal fine-tuning
+        (``work.data``, ``work.finetune_seed``)."""
+        work.data = data
+        work.finetune_seed = int(torch.randint(0, 2**62, (1,), generator=work.rng))
         reply = {
             "model": clone_state(model, backbone_keys(model)),
-            "proj": {k: v.detach().clone() for k, v in self._proj.items()},
-            "scale": self._scale.detach().clone(),
+            "proj": {k: v.detach().clone() for k, v in work.proj.items()},
+            "scale": work.scale.detach().clone(),
             "num_samples": data.num_samples,
             "train_loss": loss,
         }
         return reply, work.state
 
     def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
-        """Load the backbone; working, trainable copies of the projection and beta (this client step only)."""
+        """Load the backbone (the model's linear head is never used)."""
         load_backbone(model, payload["model"])
-        self._proj = {k: v.detach().clone().requires_grad_(True) for k, v in payload["proj"].items()}
-        self._scale = payload["scale"].detach().clone().requires_grad_(self.learn_scale)
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """The balanced feature loss on beta * M^T h (plain CE if ``balanced`` is False)."""
         x, y = batch
-        logits = etf_logits(model.features(x), self._proj, payload["etf"], self._scale)
+        logits = etf_logits(model.features(x), work.proj, work.payload["etf"], work.scale)
         if self.balanced:
-            return balanced_softmax_loss(logits, y, self._log_prior)
+            return balanced_softmax_loss(logits, y, work.log_prior)
         return F.cross_entropy(logits, y)
 
-    def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:
+    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
         """Backbone, projection and beta; never the ETF, never the unused head."""
-        params = [*backbone_parameters(model), *self._proj.values()]
-        return [*params, self._scale] if self.learn_scale else params
+        params = [*backbone_parameters(model), *work.proj.values()]
+        return [*params, work.scale] if self.learn_scale else params
 
-    def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
+    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
         """The locally trained model after the alternating ETF / projection fine-tuning (module docstring)."""
-        etf = payload["etf"].detach().clone()
-        proj = {k: v.detach().clone() for k, v in self._proj.items()}
-        scale = self._scale.detach()
-        if self.finetune_rounds > 0 and self._data.num_samples > 0:
-            etf, proj = self.finetune(model, self._data, etf, proj, scale, self._finetune_seed)
+        etf = work.received["etf"].detach().clone()
+        proj = {k: v.detach().clone() for k, v in work.proj.items()}
+        scale = work.scale.detach()
+        if self.finetune_rounds > 0 and work.data.num_samples > 0:
+            etf, proj = self.finetune(model, work.data, etf, proj, scale, work.finetune_seed)
         return self._predictor(model, proj, etf, scale)
 
     def finetune(

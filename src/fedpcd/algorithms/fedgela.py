@@ -1,5 +1,5 @@
 """FedGELA (Fan et al., NeurIPS 2023, "Federated Learning with Bilateral Curation for Partially Class-Disjoint
-Data"), section 3.3 and Algorithm 1; specs/fedgela.md section 2. Also its ablation FedGE (phi = 1).
+Data"), section 3.3 and Algorithm 1. Also its ablation FedGE (phi = 1, Table 4).
 
 The classifier is a fixed simplex ETF M in R^{d x C} (never trained, never aggregated). It is **G**lobally the
 plain ETF and **L**ocally **A**dapted: client k scales column c by phi_{k,c} = C n_{k,c} / n_k (Eq. 4). Only
@@ -58,7 +58,7 @@ costs, which FedGELA never sends). phi_k is recomputed from the client's train l
 update (cheap) and kept in the client state together with the class-presence mask (and, with a projection
 or BatchNorm, the locally trained projection tensors) because ``personal_predictor`` needs them.
 
-Inference (section 2.5): global = argmax_c m_c^T h_hat on the aggregated backbone; personal = argmax_c
+Inference (Sec. 3.3, Alg. 1): global = argmax_c m_c^T h_hat on the aggregated backbone; personal = argmax_c
 phi_{k,c} m_c^T h_hat on the locally trained backbone, with classes absent from the client's training data
 set to -inf. The code takes the argmax over all C classes with logit 0 for missing ones, so it can predict
 a missing class whenever every present class has a negative logit; here it never can.
@@ -69,7 +69,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +81,7 @@ from fedpcd.algorithms.base import (
     backbone_parameters,
     clone_state,
     device_of,
+    linear_init,
     load_backbone,
     weighted_average,
 )
@@ -99,7 +100,7 @@ StateDict = dict[str, Tensor]
 
 
 def simplex_etf(dim: int, num_classes: int, generator: torch.Generator) -> Tensor:
-    """M = sqrt(C/(C-1)) U (I - 11^T/C), U in R^{d x C} orthonormal (spec 2.1): unit columns, pairwise cosine
+    """M = sqrt(C/(C-1)) U (I - 11^T/C), U in R^{d x C} orthonormal (Sec. 3.1): unit columns, pairwise cosine
     -1/(C-1), columns summing to 0, rank C-1. U is the reduced QR of a Uniform[0,1) matrix (as the code),
     computed on the generator's device."""
     if num_classes < 2:
@@ -177,9 +178,7 @@ class FedGELA(FedAvg):
         generator's device."""
 
         def linear(prefix: str, fan_in: int, fan_out: int) -> StateDict:
-            bound = 1.0 / math.sqrt(fan_in)
-            w = (torch.rand(fan_out, fan_in, generator=generator) * 2 - 1) * bound
-            b = (torch.rand(fan_out, generator=generator) * 2 - 1) * bound
+            w, b = linear_init(fan_out, fan_in, True, generator)
             return {f"{prefix}.weight": w, f"{prefix}.bias": b}
 
         out: StateDict = {}
@@ -280,20 +279,17 @@ class FedGELA(FedAvg):
         return predict
 
     # ----- client -----
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
-
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """Load the global backbone; the loss sees phi_k, C_k and a working copy of the projection tensors
-        (trainable leaves this round; the payload is not touched)."""
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Load the global backbone; the loss sees phi_k, C_k (as its state) and a working copy of the
+        projection tensors (trainable leaves this round; the received payload is not touched)."""
         phi, present = self.local_adaptation(data.label_counts)
-        self.load_payload(model, payload, state)
+        self.load_payload(model, work.payload, work.state)
         proj = {
             k: v.detach().clone().requires_grad_(not k.startswith("bn.running"))
-            for k, v in payload["proj"].items()
+            for k, v in work.payload["proj"].items()
         }
-        return LocalWork({**payload, "proj": proj}, {"phi": phi, "present": present}, payload, rng)
+        work.payload = {**work.payload, "proj": proj}
+        work.state = {"phi": phi, "present": present}
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -317,21 +313,22 @@ class FedGELA(FedAvg):
         """Load the global backbone only; the model's head is left as it is (it is never used)."""
         load_backbone(model, payload["model"])
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Eq. 5: CE of s*phi*M^T h_hat over the local classes C_k (softmax=local) or all C (softmax=all)."""
         x, y = batch
+        payload, state = work.payload, work.state
         z = self.logits(self.embed(model, x, payload["proj"]), payload["etf"], state["phi"])
         if self.softmax == "local":
             z = z.masked_fill(~state["present"].to(z.device), float("-inf"))
         return F.cross_entropy(z, y)
 
-    def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:
+    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
         """Backbone parameters and the projection / BN affine tensors; never the head, never the ETF."""
-        return backbone_parameters(model) + [t for t in payload["proj"].values() if t.requires_grad]
+        return backbone_parameters(model) + [t for t in work.payload["proj"].values() if t.requires_grad]
 
-    def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
+    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
         """Personal model: local backbone + phi-scaled ETF; classes the client lacks get -inf."""
-        extra = self.personal_extra(model, payload, state)
+        extra = self.personal_extra(model, work)
 
         def predict(x: Tensor) -> Tensor:
             model.eval()
@@ -339,8 +336,9 @@ class FedGELA(FedAvg):
 
         return predict
 
-    def personal_extra(self, model: nn.Module, payload: Payload, state: Any) -> dict[str, Any]:
+    def personal_extra(self, model: nn.Module, work: LocalWork) -> dict[str, Any]:
         """The ETF, the client's projection tensors, phi_k and C_k."""
+        payload, state = work.received, work.state
         proj = state.get("proj", payload["proj"])
         return {"etf": payload["etf"], "proj": proj, "phi": state["phi"], "present": state["present"]}
 
@@ -367,8 +365,6 @@ class FedGE(FedGELA):
 
     No local adaptation at all: every class enters the loss and personal inference, so ``softmax`` and ``q``
     have no effect."""
-
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
 
     def local_adaptation(self, label_counts: Tensor) -> tuple[Tensor, Tensor]:
         return no_adaptation(label_counts)

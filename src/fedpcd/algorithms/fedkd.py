@@ -1,6 +1,6 @@
 """FedKD (Wu et al., "Communication-efficient federated learning via knowledge distillation", Nature
 Communications 13:2032, 2022; arXiv 2108.13323), Methods: adaptive mutual distillation and dynamic gradient
-approximation; the model-heterogeneous baseline of FedSSA (specs/fedssa.md section 5).
+approximation; a model-heterogeneous baseline of FedSSA (Yi et al., IJCAI 2024, Sec. 6.1).
 
 Each client k keeps a private teacher (any architecture, never sent; kept in the client state) and trains it
 together with a local copy of the shared student (``shared_model``, CNN-5 in FedSSA's setting). With CE_t,
@@ -57,14 +57,13 @@ from torch import Tensor, nn
 from fedpcd.algorithms.base import (
     ALGORITHMS,
     ClientData,
-    Context,
     StateDict,
     clone_state,
     device_of,
     reply_weights,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import Payload, Reply
+from fedpcd.algorithms.fedavg import LocalWork, Reply
 from fedpcd.algorithms.fml import KLReduction, SharedModelMethod, kl_divergence
 from fedpcd.errors import UserError
 
@@ -152,10 +151,6 @@ class FedKD(SharedModelMethod):
     hidden_projection: bool = True  # learnable W^h (paper); False: identity (official code)
     compress_aggregate: bool = True  # the server truncates the averaged update too (paper and official code)
 
-    def setup(self, ctx: Context) -> None:
-        super().setup(ctx)
-        self.map_hidden: nn.Module = nn.Identity()  # W^h of the client in training (one reusable object)
-
     def threshold(self, t: int) -> float:
         """T(t) for the round t (1..R)."""
         return energy_threshold(t, self.ctx.rounds, self.t_start, self.t_end)
@@ -177,10 +172,11 @@ class FedKD(SharedModelMethod):
         return server
 
     # ----- client -----
-    def load_projection(self, model: nn.Module, state: Any) -> None:
-        """Point ``map_hidden`` at this client's W^h (student width -> teacher width): from the client state,
-        the identity at first; the identity map itself without ``hidden_projection``. On the model's device
-        (built on the CPU first: the global RNG advances alike on every device)."""
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Teacher and student as ``SharedModelMethod``'s; this client's W^h (student width -> teacher width)
+        as a trainable working tensor ``work.projection``: from the client state, the identity at first;
+        None (the identity map itself) without ``hidden_projection``."""
+        super().begin_local(model, data, work)
         d_s, d_t = int(self.shared.feature_dim), int(model.feature_dim)
         if not self.hidden_projection:
             if d_s != d_t:
@@ -188,48 +184,46 @@ class FedKD(SharedModelMethod):
                     f"FedKD without hidden_projection needs equal feature widths, got teacher {d_t} and "
                     f"student {d_s}: set algorithm.hidden_projection=true"
                 )
+            work.projection = None
             return
-        if not isinstance(self.map_hidden, nn.Linear) or self.map_hidden.weight.shape != (d_t, d_s):
-            self.map_hidden = nn.Linear(d_s, d_t, bias=False).to(device_of(model))
-        weight = self.map_hidden.weight
-        initial = state["projection"] if state is not None else torch.eye(d_t, d_s, device=weight.device)
-        with torch.no_grad():
-            weight.copy_(initial)
+        state = work.state
+        initial = state["projection"] if state is not None else torch.eye(d_t, d_s, device=device_of(model))
+        work.projection = initial.detach().clone().requires_grad_(True)
 
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
+    def local_update(self, model: nn.Module, data: ClientData, work: LocalWork) -> tuple[Reply, Any]:
         """Mutual distillation for ``local.epochs``; reply with the compressed student update."""
-        self.load_payload(model, payload, state)
-        self.load_projection(model, state)
-        loss = self.train(model, data, payload, state, rng)
-        trained = self.shared.state_dict()
-        delta = {k: trained[k].detach() - w for k, w in payload["model"].items()}
+        self.begin_local(model, data, work)
+        loss = self.train(model, data, work)
+        trained = work.shared.state_dict()
+        delta = {k: trained[k].detach() - w for k, w in work.payload["model"].items()}
         reply = {
-            "update": compress_update(delta, self.threshold(self.round)),
+            "update": compress_update(delta, self.threshold(work.round)),
             "num_samples": data.num_samples,
             "train_loss": loss,
         }
         new_state: dict[str, Any] = {"model": clone_state(model)}
-        if self.hidden_projection:
-            new_state["projection"] = clone_state(self.map_hidden)["weight"]
-        return reply, new_state
+        if work.projection is not None:
+            new_state["projection"] = work.projection.detach().clone()
+        work.state = new_state
+        return reply, work.state
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """L_t + L_s on one batch."""
         x, y = batch
-        h_t, h_s = model.features(x), self.shared.features(x)
+        shared, projection = work.shared, work.projection
+        h_t, h_s = model.features(x), shared.features(x)
         teacher, student = adaptive_mutual_losses(
             model.head(h_t),
-            self.shared.head(h_s),
+            shared.head(h_s),
             h_t,
-            self.map_hidden(h_s),
+            h_s if projection is None else F.linear(h_s, projection),
             y,
             self.coupling,
             self.kl_reduction,
         )
         return teacher + student
 
-    def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:
+    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
         """Teacher, student and W^h."""
-        return [*super().trainable_parameters(model, payload, state), *self.map_hidden.parameters()]
+        params = list(super().trainable_parameters(model, work))
+        return params if work.projection is None else [*params, work.projection]

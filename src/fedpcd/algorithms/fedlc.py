@@ -6,8 +6,8 @@ with few local samples need a larger raw logit to win. The paper's loss, as prin
 
     L_cal(y; f(x)) = -log( exp(f_y(x) - Delta_y) / sum_{j != y} exp(f_j(x) - Delta_j) )
 
-with the true class **excluded** from the denominator. Peer libraries (FL-bench, see FL-bench#5/#38 and
-specs/anchors.md section 5) put it back, i.e. plain cross-entropy of the calibrated logits; both are here
+with the true class **excluded** from the denominator. Peer libraries (FL-bench, see FL-bench#5/#38)
+put it back, i.e. plain cross-entropy of the calibrated logits; both are here
 (``denominator``). The default is ``all``, the bounded, logit-adjusted form: the paper's form is not bounded
 below (it keeps rewarding a larger true-class margin), which is what FL-bench#5 reports as training collapse
 and what gives chance-level accuracy here (docs/results/generic-baselines.md); ``paper`` keeps the printed
@@ -23,7 +23,7 @@ inf - inf). tau = 0 gives plain cross-entropy with ``denominator=all`` (exactly 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork
 
 
 def calibration_margins(label_counts: Tensor, tau: float, count_floor: float) -> Tensor:
@@ -55,7 +55,8 @@ def calibrated_loss(logits: Tensor, y: Tensor, margins: Tensor, denominator: str
 class FedLC(FedAvg):
     """FedLC: local cross-entropy on logits calibrated by the local class counts (L_cal)."""
 
-    # tau of Delta_c = tau * n_c^{-1/4}. Default 1.0 (no tuned value in the shared specs; the paper tunes it).
+    # tau of Delta_c = tau * n_c^{-1/4}. Default 1.0 (FedGELA, which compares with it, gives no tuned value;
+    # the paper tunes it).
     tau: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
     # "all": cross-entropy of the calibrated logits (what peer libraries implement; the default, since the
     # printed form collapses to chance accuracy); "paper": the printed L_cal (true class out of the
@@ -64,17 +65,12 @@ class FedLC(FedAvg):
     # n_c floor for missing classes (the paper leaves n_c = 0 undefined); see the module docstring.
     count_floor: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0e-8
 
-    # the loss reads the client's margins from ``self._margins`` (vectorized executor, engine/vectorized.py)
-    vector_attrs: ClassVar[tuple[str, ...]] = ("_margins",)
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """This client's margins Delta (``work.margins``), then FedAvg's begin."""
+        work.margins = calibration_margins(data.label_counts, self.tau, self.count_floor)
+        super().begin_local(model, data, work)
 
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """Set this client's margins Delta (working attribute of one client step), then FedAvg's begin."""
-        self._margins = calibration_margins(data.label_counts, self.tau, self.count_floor)
-        return super().begin_local(model, data, payload, state, rng)
-
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """L_cal of the model's logits with this client's margins."""
         x, y = batch
-        return calibrated_loss(model(x), y, self._margins, self.denominator)
+        return calibrated_loss(model(x), y, work.margins, self.denominator)

@@ -1,16 +1,16 @@
 """FedMR (Fan et al., "Federated Learning under Partially Class-Disjoint Data via Manifold Reshaping",
-TMLR 2023; specs/fedmr.md): FedAvg with two feature-space regularisers, Eq. (5),
+TMLR 2023): FedAvg with two feature-space regularisers, Eq. (5),
 
     L_k = CE + mu1 * l_intra (Eq. 3, decorrelation of each class's feature dimensions)
              + mu2 * l_inter (Eq. 4, hinge towards the own global class prototype).
 
-Sources: [P] the paper (Sec. 3.3, Alg. 1, App. C), [C] the official code (via the spec). The official code
-implements only the intra-class loss; everything about prototypes and l_inter follows [P] alone.
+Sources: [P] the paper (Sec. 3.3, Alg. 1, App. C), [C] the official code (MediaBrain-SJTU/FedMR). The official
+code implements only the intra-class loss; everything about prototypes and l_inter follows [P] alone.
 
-Protocol (Alg. 1; spec 2.2, 2.4). After local training each client sends, for every class c it holds, the
+Protocol (Alg. 1; Sec. 3.3.2). After local training each client sends, for every class c it holds, the
 mean feature g_k^c of its samples under the final local model (eval mode, no augmentation, no gradient)
 and the count N_k^c; the server sets g_c = sum_k N_k^c g_k^c / sum_k N_k^c over the round's submitters
-holding c (Sec. 3.3); a class nobody reported keeps its previous prototype (spec 2.4, recommended). In the
+holding c (Sec. 3.3); a class nobody reported keeps its previous prototype (Alg. 1 leaves it open). In the
 first round no prototype exists: nothing is broadcast and l_inter = 0. Prototypes are constants in the
 local loss. Model weights are averaged as in FedAvg (by n_k).
 
@@ -21,11 +21,9 @@ ablation sends exactly what FedAvg sends.
 
 Backbone caveat (measured here, not in the paper): l_intra is computed on z = ``model.features``. On a ReLU
 feature (Simple-CNN's default) a dimension that is zero for a whole class has no correlation and adds 0, so
-the loss can also be lowered by switching dimensions off: on fmnist P5C2 the global models of FedMR and of
-its intra-only ablation ended with 38-50 of their 84 dimensions never active on the test set, FedAvg's with
-0-2, and FedMR lost 4.9 GA points to FedAvg; with ``model.feature_relu: false`` (Simple-CNN's z before that
-ReLU) the loss was 1.0 +- 5.3, within noise (docs/results/fedmr.md). The paper's ResNet-18 feature is a
-global average pool, where whole dimensions rarely switch off.
+the loss can also be lowered by switching dimensions off. ``model.feature_relu: false`` (Simple-CNN's z
+before that ReLU) removes that shortcut (docs/results/fedmr.md). The paper's ResNet-18 feature is a global
+average pool, where whole dimensions rarely switch off.
 
 Ablations (Table 12): intra-only = ``mu2: 0``; inter-only = ``mu1: 0``; ``mu1 = mu2 = 0`` is FedAvg exactly.
 Variants: Lite n (App. C.6, Table 11) = ``lite_samples: n``; prototype submission by a fixed random
@@ -35,15 +33,22 @@ fraction of the clients (Sec. 4.4, Table 5) = ``submit_fraction``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Annotated, Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply, device_of
+from fedpcd.algorithms.base import (
+    ALGORITHMS,
+    ClassSums,
+    ClientData,
+    aggregate_prototypes,
+    class_means_reply,
+    device_of,
+)
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 from fedpcd.utils import derive_seed
 
@@ -51,7 +56,7 @@ SUBMITTER_STREAM = 0x464D52  # seed stream of the fixed prototype submitters ("F
 LITE_STREAM = 0x4C495445  # seed stream of the Lite sample choice, derived from the client's generator
 
 
-# ----- the two losses (spec 2.1, 2.2) ----------------------------------------------------------------------
+# ----- the two losses (Sec. 3.3.1, 3.3.2) -------------------------------------------------------------------
 
 
 def intra_class_loss(
@@ -64,7 +69,8 @@ def intra_class_loss(
     = (N/(N-1))^2 (d + sum_{i!=j} R_ij^2) with R the Pearson correlation matrix).
     ``impl="code"`` ([C] ``MR_loss``): z_hat = (z - mu_c) / sqrt(var_unbiased + eps), G_c = z_hat^T z_hat,
     L_c = mean of the d(d-1) off-diagonal G_ij^2, loss = sum_c L_c / sum_c N_c (the counted samples); this is
-    about 1 for uncorrelated features, the scale the tuned mu1 of Table 9 assume (spec 2.1).
+    about 1 for uncorrelated features, the scale the tuned mu1 of Table 9 assume (the paper's form is about
+    d(d-1)/(N-1) times larger).
     Classes with one sample are skipped ([C]; [P]'s 1/(N-1) is undefined there); 0 if no class qualifies.
     ``eps`` keeps constant (e.g. dead-ReLU) dimensions finite.
     """
@@ -115,13 +121,13 @@ def inter_class_loss(
     own = dist.gather(1, y[:, None])
     mask = negatives[y]  # [B, C]
     hinge = torch.relu(own - dist) * mask
-    counts = torch.bincount(y, minlength=num_classes).to(z.dtype)
-    per_class = torch.zeros(num_classes, num_classes, dtype=z.dtype, device=z.device).index_add(0, y, hinge)
-    present = counts > 0
+    per_class = ClassSums(num_classes, (num_classes,), dtype=z.dtype, device=z.device, count_dtype=z.dtype)
+    per_class.add(y, hinge)
+    present = per_class.held
     pairs = negatives & present[:, None]
     if not bool(pairs.any()):
         return z.sum() * 0.0
-    d_pairs = per_class[present] / counts[present, None]
+    d_pairs = per_class.mean()
     return d_pairs[pairs[present]].sum() / pairs.sum()
 
 
@@ -182,7 +188,8 @@ def inter_class_loss_masked(
 
 def negative_mask(known: Tensor, local: Tensor | None, mode: Literal["local", "all"]) -> Tensor:
     """[C, C] bool: negatives[ci, cj] for Eq. (4). "local" ([P] literal): cj in C_k; "all": any class with a
-    prototype (spec 2.2, what the motivation implies). Both need prototypes for ci and cj; never cj = ci."""
+    prototype (what Sec. 3.3.2's motivation, support for the missing classes, implies). Both need prototypes
+    for ci and cj; never cj = ci."""
     if mode not in ("local", "all"):
         raise ValueError(f"unknown inter negatives {mode!r}")
     if mode == "local" and local is None:
@@ -206,14 +213,15 @@ class FedMR(FedAvg):
     # Weight of l_inter, Eq. (5). Default 1e-4: Table 9, FMNIST and SVHN (all splits); CIFAR-10 1e-3/1e-4.
     # mu2 = 0 is the intra-only ablation (no prototypes exchanged).
     mu2: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0e-4
-    # Normalisation of l_intra (spec 2.1): "code" = [C] MR_loss (unbiased std, off-diagonal mean, divided by
+    # Normalisation of l_intra: "code" = [C] MR_loss (unbiased std, off-diagonal mean, divided by
     # the counted samples; the scale the tuned mu1 assume); "paper" = [P] Eq. (3) (biased std, 1/(N-1), full
     # Frobenius norm, mean over classes; about d(d-1)/(N-1) larger).
     intra_impl: Literal["code", "paper"] = "code"
     # Variance guard of l_intra: [C]'s 1e-8 (for both impls; [P] has none).
     intra_eps: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0e-8
     # Negative classes cj of Eq. (4): "local" = the client's classes C_k ([P], literal Eq. 4);
-    # "all" = every class with a global prototype (spec 2.2). The anchor's own class is never a negative.
+    # "all" = every class with a global prototype (Sec. 3.3.2's motivation). The anchor's own class is
+    # never a negative.
     inter_negatives: Literal["local", "all"] = "local"
     # Lite variant (App. C.6, Table 11): l_inter on n random samples of each mini-batch (None: all samples;
     # 0: no l_inter, i.e. intra-only). Samples are drawn from a generator derived from the client's.
@@ -264,21 +272,15 @@ class FedMR(FedAvg):
         return server
 
     # ----- client -----
-    # the loss reads the client's classes from ``self._local`` (vectorized executor, engine/vectorized.py)
-    vector_attrs: ClassVar[tuple[str, ...]] = ("_local",)
-
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """Alg. 1 client, before its E epochs on Eq. (5).
-
-        ``self._local`` and ``self._lite_rng`` are working state of this client step only (like the model);
-        the loss sees the payload without ``submit`` (only ``end_local`` reads it).
-        """
-        self._local = data.label_counts > 0
-        self._lite_rng = torch.Generator().manual_seed(derive_seed(rng.initial_seed(), LITE_STREAM))
-        work = super().begin_local(model, data, payload, state, rng)
-        return replace(work, payload={k: v for k, v in work.payload.items() if k != "submit"})
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Alg. 1 client, before its E epochs on Eq. (5): the classes the client holds (``work.local``) and,
+        for the Lite variant, the generator of its picks (``work.lite_rng``); the loss sees the payload
+        without ``submit`` (only ``end_local`` reads it)."""
+        work.local = data.label_counts > 0
+        if self.uses_prototypes and self.lite_samples is not None:
+            work.lite_rng = torch.Generator().manual_seed(derive_seed(work.rng.initial_seed(), LITE_STREAM))
+        super().begin_local(model, data, work)
+        work.payload = {k: v for k, v in work.payload.items() if k != "submit"}
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -296,11 +298,12 @@ class FedMR(FedAvg):
             return "FedMR's Lite variant (lite_samples) draws random samples inside the loss"
         return reason
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Eq. (5): CE + mu1 l_intra + mu2 l_inter (l_inter = 0 while no prototype exists)."""
+        payload = work.payload
         inter_on = self.uses_prototypes and "prototypes" in payload
         if self.mu1 == 0.0 and not inter_on:
-            return super().loss(model, batch, payload, state)
+            return super().loss(model, batch, work)
         x, y = batch
         z = model.features(x)
         total = F.cross_entropy(model.head(z), y)
@@ -309,19 +312,18 @@ class FedMR(FedAvg):
         if inter_on:
             zi, yi = z, y
             if self.lite_samples is not None and self.lite_samples < len(y):
-                pick = torch.randperm(len(y), generator=self._lite_rng)[: self.lite_samples]
+                pick = torch.randperm(len(y), generator=work.lite_rng)[: self.lite_samples]
                 zi, yi = z[pick], y[pick]
-            neg = negative_mask(payload["known"], self._local, self.inter_negatives)
+            neg = negative_mask(payload["known"], work.local, self.inter_negatives)
             total = total + self.mu2 * inter_class_loss(zi, yi, payload["prototypes"], neg)
         return total
 
-    def vector_loss(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any
-    ) -> Tensor:
+    def vector_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Eq. (5) as ``loss``, with the masked (vmap-traceable) forms of l_intra and l_inter."""
+        payload = work.payload
         inter_on = self.uses_prototypes and "prototypes" in payload
         if self.mu1 == 0.0 and not inter_on:
-            return super().vector_loss(model, batch, payload, state)
+            return super().vector_loss(model, batch, work)
         x, y = batch
         z = model.features(x)
         total = F.cross_entropy(model.head(z), y)
@@ -329,6 +331,6 @@ class FedMR(FedAvg):
             intra = intra_class_loss_masked(z, y, self.ctx.num_classes, self.intra_impl, self.intra_eps)
             total = total + self.mu1 * intra
         if inter_on:
-            neg = negative_mask(payload["known"], self._local, self.inter_negatives)
+            neg = negative_mask(payload["known"], work.local, self.inter_negatives)
             total = total + self.mu2 * inter_class_loss_masked(z, y, payload["prototypes"], neg)
         return total

@@ -1,4 +1,4 @@
-"""FedNH (Dai et al., "Tackling Data Heterogeneity in FL with Class Prototypes", AAAI 2023; specs/fednh.md).
+"""FedNH (Dai et al., "Tackling Data Heterogeneity in FL with Class Prototypes", AAAI 2023).
 
 The classifier is a matrix of class prototypes P (C x d, unit rows) held by the server, initialised
 uniformly on the hypersphere (Sec. 3.2, Eq. 1) and sent in every payload. Clients train only the body
@@ -6,10 +6,11 @@ uniformly on the hypersphere (Sec. 3.2, Eq. 1) and sent in every payload. Client
 report per-class means of their normalised features (Eq. 3). The server averages body and s, and moves the
 prototypes towards the clients' class means with smoothing rho, renormalising each row (Eq. 4, Alg. 1
 lines 7-8). The personal model is the client's latest local body and s with the prototypes it trained
-against; the global model is the averaged body and s with the updated prototypes (spec 2.6).
+against; the global model is the averaged body and s with the updated prototypes (Sec. 4.1, Alg. 1).
 
-Sources: [P] the paper, [C] the official code (via the spec). Options follow [P] unless the spec decides
-otherwise; every option says which source it follows. ``rho = 1`` is FedUH (fixed uniform head, spec 2.8).
+Sources: [P] the paper, [C] the official code (Yutong-Dai/FedNH). Options follow [P] unless their comment
+says otherwise; every option says which source it follows. ``rho = 1`` is FedUH (fixed uniform head, a [C]
+variant).
 The model's ``head`` (nn.Linear) is never used, trained or sent.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.base import (
     ALGORITHMS,
+    ClassSums,
     ClientData,
     backbone_parameters,
     clone_state,
@@ -43,7 +45,7 @@ PROTOTYPE_STREAM = 0x464E48  # seed stream of the prototype initialisation ("FNH
 EPS = 1e-12  # the norm guard of [C] (F.normalize's default)
 
 
-# ----- prototype initialisation (spec 2.2) ---------------------------------------------------------------
+# ----- prototype initialisation (Sec. 3.2, Eq. 1) --------------------------------------------------------
 
 
 def _orthonormal_columns(d: int, k: int, generator: torch.Generator) -> Tensor:
@@ -55,7 +57,7 @@ def _orthonormal_columns(d: int, k: int, generator: torch.Generator) -> Tensor:
 
 
 def simplex_prototypes(num_classes: int, dim: int, generator: torch.Generator) -> Tensor:
-    """The regular simplex, the exact optimum of Eq. (1) when dim >= C - 1 (spec 2.2), randomly rotated.
+    """The regular simplex, the exact optimum of Eq. (1) when dim >= C - 1, randomly rotated.
 
     Rows of E = I - 11^T/C, normalised, have pairwise cosine -1/(C-1); they span the (C-1)-dim subspace
     orthogonal to 1. With U an orthonormal basis of that subspace and Q (dim x (C-1)) random orthonormal
@@ -83,7 +85,7 @@ def orthogonal_prototypes(num_classes: int, dim: int, generator: torch.Generator
 def optimized_prototypes(
     num_classes: int, dim: int, generator: torch.Generator, steps: int = 3000, lr: float = 0.01
 ) -> Tensor:
-    """A numerical solution of Eq. (1) for any dim (spec 2.2 fallback): minimise the largest pairwise cosine.
+    """A numerical solution of Eq. (1) for any dim (the fallback): minimise the largest pairwise cosine.
 
     Maximising the minimum distance M is minimising the maximum cosine (M^2 = 2 - 2 max cos). Rows are
     W = normalize(V), so they stay on the sphere; Adam (learning rate cosine-annealed from ``lr``) minimises
@@ -140,7 +142,7 @@ def max_pairwise_cosine(w: Tensor) -> float:
     return float(g.max())
 
 
-# ----- the model pieces (spec 2.1, 2.3) ------------------------------------------------------------------
+# ----- the model pieces (Sec. 3.2, Eq. 2) ----------------------------------------------------------------
 
 
 def cosine_logits(z: Tensor, prototypes: Tensor, scale: Tensor | float) -> Tensor:
@@ -158,8 +160,7 @@ def class_feature_means(
     """
     was_training = model.training
     model.eval()
-    sums = torch.zeros(data.num_classes, model.feature_dim, device=data.x.device)
-    counts = torch.zeros(data.num_classes, dtype=torch.long, device=data.x.device)
+    sums = ClassSums(data.num_classes, (model.feature_dim,), device=data.x.device)
     if augmented:
         if rng is None:
             raise ValueError("augmented class means need the client's generator")
@@ -168,12 +169,9 @@ def class_feature_means(
         idx = data.train_idx
         batches = ((data.x[idx[i : i + 512]], data.y[idx[i : i + 512]]) for i in range(0, len(idx), 512))
     for xb, yb in batches:
-        r = F.normalize(model.features(xb), dim=1, eps=EPS)
-        sums.index_add_(0, yb, r)
-        counts += torch.bincount(yb, minlength=data.num_classes)
+        sums.add(yb, F.normalize(model.features(xb), dim=1, eps=EPS))
     model.train(was_training)
-    held = torch.nonzero(counts > 0).flatten()
-    return held, counts[held], sums[held] / counts[held, None]
+    return sums.held_means()
 
 
 # ----- the algorithm ---------------------------------------------------------------------------------------
@@ -184,16 +182,16 @@ def class_feature_means(
 class FedNH(FedAvg):
     """FedNH: frozen hyperspherical prototypes as the classifier, updated on the server from class means."""
 
-    # Smoothing of the prototype update, Eq. (4); 0.9 in [P] App. A.2 and [C]. rho = 1 is FedUH (spec 2.8).
+    # Smoothing of the prototype update, Eq. (4); 0.9 in [P] App. A.2 and [C]. rho = 1: FedUH ([C]).
     rho: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
     # W^0. "simplex": Eq. (1)'s optimum [P] -- the exact regular simplex when feature_dim >= C-1, else
     # the numerical max-separation solution ("optimize"); "orthogonal": [C]'s orthonormal rows.
     init: Literal["simplex", "optimize", "orthogonal"] = "simplex"
-    # Prototype aggregation (spec 2.5, ambiguity 2). "count_code" [C], the spec's default: clients send unit
+    # Prototype aggregation. "count_code" [C], the default (the released code's rule): clients send unit
     # class means and class counts; m_c = sum_k n_kc mu_kc/|mu_kc| / sum_k n_kc, normalised before the
     # smoothing. "uniform_paper" [P] App. A.2: alpha_k = 1/|S|, raw means, zeros for clients without c.
     proto_weighting: Literal["count_code", "uniform_paper"] = "count_code"
-    # s^0 (spec 2.1 item 5): [C] uses 1.0 for the CNN and 20.0 for ResNet18; [P] names 30 for a fixed s.
+    # s^0: [C] uses 1.0 for the CNN and 20.0 for ResNet18; [P] names 30 for a fixed s.
     scale_init: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
     learn_scale: bool = True  # s trainable and averaged with the body, [P] App. A.2 / [C]; False: s fixed
     # Body (and s) aggregation: "uniform" = (1/|S|) sum_k theta_k, [P] Alg. 1 line 9 and [C];
@@ -205,7 +203,7 @@ class FedNH(FedAvg):
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """Body from the seeded model, P^0 (spec 2.2) from the run seed, s^0 = ``scale_init``; on the model's
+        """Body from the seeded model, P^0 (Eq. 1) from the run seed, s^0 = ``scale_init``; on the model's
         device."""
         prototypes = init_prototypes(
             self.init, self.ctx.num_classes, model.feature_dim, derive_seed(self.ctx.seed, PROTOTYPE_STREAM)
@@ -237,38 +235,37 @@ class FedNH(FedAvg):
     def update_prototypes(self, prototypes: Tensor, replies: Sequence[Reply]) -> Tensor:
         """Eq. (4) + Alg. 1 line 8: W_c <- normalize(rho W_c + (1 - rho) m_c) for classes some client holds.
 
-        m_c per ``proto_weighting`` (spec 2.5); a class no participant holds keeps its prototype exactly.
+        m_c per ``proto_weighting``; a class no participant holds keeps its prototype exactly.
         """
         if self.rho == 1.0 or not replies:
             return prototypes
-        num_classes = prototypes.shape[0]
-        agg = torch.zeros_like(prototypes, dtype=torch.float64)
-        counts = torch.zeros(num_classes, dtype=torch.float64, device=prototypes.device)
+        f64 = {"dtype": torch.float64, "device": prototypes.device}
+        sums = ClassSums(prototypes.shape[0], prototypes.shape[1:], **f64, count_dtype=torch.float64)
         for r in replies:
             cls, means = r["classes"], r["class_means"].double()
             if self.proto_weighting == "count_code":
-                n = r["class_counts"].double()
-                agg.index_add_(0, cls, n[:, None] * F.normalize(means, dim=1, eps=EPS))
-                counts.index_add_(0, cls, n)
+                sums.add(cls, F.normalize(means, dim=1, eps=EPS), weights=r["class_counts"].double())
             else:
-                agg.index_add_(0, cls, means / len(replies))
-                counts.index_add_(0, cls, torch.ones(len(cls), dtype=torch.float64, device=cls.device))
-        held = counts > 0
+                sums.add(cls, means / len(replies))
+        agg, held = sums.sums[0], sums.held
         if self.proto_weighting == "count_code":
-            agg[held] = F.normalize(agg[held] / counts[held, None], dim=1, eps=EPS)
+            agg[held] = F.normalize(sums.mean(), dim=1, eps=EPS)
         new = prototypes.double().clone()
         new[held] = F.normalize(self.rho * new[held] + (1.0 - self.rho) * agg[held], dim=1, eps=EPS)
         return new.to(prototypes.dtype)
 
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
-        """GM = (theta^{t+1}, s^{t+1}, W^{t+1}) (spec 2.6)."""
+        """GM = (theta^{t+1}, s^{t+1}, W^{t+1}) (Alg. 1)."""
         load_backbone(model, server["model"])
         return self._predictor(model, server["prototypes"], server["scale"])
 
     # ----- client -----
-    # ClientUpdate (Alg. 1 lines 11-15) is FedAvg's local_update: ``load_payload``, E epochs on Eq. (2) with
-    # P frozen, then ``end_local``. The loss reads the working scale ``self._scale`` (vectorized executor).
-    vector_attrs: ClassVar[tuple[str, ...]] = ("_scale",)
+    # ClientUpdate (Alg. 1 lines 11-15) is FedAvg's local_update: ``begin_local``, E epochs on Eq. (2) with
+    # P frozen, then ``end_local``.
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Load the body; this client's working scale s (``work.scale``, trainable iff ``learn_scale``)."""
+        super().begin_local(model, data, work)
+        work.scale = work.payload["scale"].detach().clone().requires_grad_(self.learn_scale)
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -277,12 +274,12 @@ class FedNH(FedAvg):
         classes, counts, means = class_feature_means(model, data, self.means_augmented, work.rng)
         reply: Reply = {
             "model": clone_state(model, backbone_keys(model)),
-            "scale": self._scale.detach().clone(),
+            "scale": work.scale.detach().clone(),
             "num_samples": data.num_samples,
             "train_loss": loss,
             "classes": classes,
         }
-        if self.proto_weighting == "count_code":  # [C]: unit means + counts = u_kc of spec 2.4 (reveals n_kc)
+        if self.proto_weighting == "count_code":  # [C]: unit means + counts (reveals n_kc)
             reply["class_means"] = F.normalize(means, dim=1, eps=EPS)
             reply["class_counts"] = counts
         else:  # [P]: the means of Eq. (3) only
@@ -290,31 +287,26 @@ class FedNH(FedAvg):
         return reply, work.state
 
     def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
-        """Load the body; make this client's working scale s (trainable iff ``learn_scale``).
-
-        Like the reusable model object, ``self._scale`` is working state of one client step: it lives from
-        here until ``personal_predictor`` of the same client and is never kept across rounds.
-        """
+        """Load the body (the model's linear head is never used)."""
         load_backbone(model, payload["model"])
-        self._scale = payload["scale"].detach().clone().requires_grad_(self.learn_scale)
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Eq. (2): cross-entropy of the cosine logits against the frozen prototypes W^t."""
         x, y = batch
-        return F.cross_entropy(cosine_logits(model.features(x), payload["prototypes"], self._scale), y)
+        return F.cross_entropy(cosine_logits(model.features(x), work.payload["prototypes"], work.scale), y)
 
-    def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:
-        """The body and s; never the prototypes (spec 2.3) and never the unused linear head."""
+    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
+        """The body and s; never the prototypes (frozen, Sec. 3.2) and never the unused linear head."""
         params = backbone_parameters(model)
-        return [*params, self._scale] if self.learn_scale else params
+        return [*params, work.scale] if self.learn_scale else params
 
-    def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
-        """Latest local body and s_k with W^t, the prototypes it trained against (spec 2.6), not W^{t+1}."""
-        return self._predictor(model, payload["prototypes"], self._scale.detach())
+    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
+        """Latest local body and s_k with W^t, the prototypes it trained against (Sec. 4.1), not W^{t+1}."""
+        return self._predictor(model, work.received["prototypes"], work.scale.detach())
 
-    def personal_extra(self, model: nn.Module, payload: Payload, state: Any) -> dict[str, Any]:
+    def personal_extra(self, model: nn.Module, work: LocalWork) -> dict[str, Any]:
         """W^t and s_k."""
-        return {"prototypes": payload["prototypes"], "scale": self._scale.detach()}
+        return {"prototypes": work.received["prototypes"], "scale": work.scale.detach()}
 
     def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
         """Eq. (2)'s cosine logits."""

@@ -10,7 +10,7 @@ tau_eff = sum_i p_i ||a_i||_1, so
 
 With local momentum rho (PyTorch's heavy ball, no dampening) a_i = [1 - rho^{tau_i}, ..., 1 - rho] / (1 - rho)
 and ||a_i||_1 = [tau_i - rho (1 - rho^{tau_i}) / (1 - rho)] / (1 - rho) (the paper's momentum variant,
-specs/fedmr.md section 5); without momentum ||a_i||_1 = tau_i. With equal tau_i the update is FedAvg's.
+as in FedMR's FedNova baseline); without momentum ||a_i||_1 = tau_i. With equal tau_i the update is FedAvg's.
 Only parameters are normalised; buffers (BatchNorm statistics) are averaged with p_i as in FedAvg.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from torch import nn
 
@@ -49,8 +49,6 @@ class FedNova(FedAvg):
     # ||a_i||_1 with the local momentum of ``local.momentum`` (the paper's momentum variant, used by its
     # experiments and by the official code); False: a_i = tau_i (plain-SGD normalisation, ignores momentum).
     momentum_aware: bool = True
-
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float

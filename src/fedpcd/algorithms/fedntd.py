@@ -17,7 +17,7 @@ gradient; ``base.frozen_forward``). The server is FedAvg's. beta = 0 is FedAvg.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, frozen_forward
-from fedpcd.algorithms.fedavg import FedAvg, Payload
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork
 
 
 def not_true_logits(logits: Tensor, y: Tensor) -> Tensor:
@@ -52,15 +52,12 @@ class FedNTD(FedAvg):
     beta: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
 
-    # covered by the vectorized executor (engine/vectorized.py); the teacher forward is vmapped with the rest
-    vector_attrs: ClassVar[tuple[str, ...]] = ()
-
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """CE + beta * L_NTD against the received global model."""
         x, y = batch
         logits = model(x)
         ce = F.cross_entropy(logits, y)
         if self.beta == 0.0 or logits.shape[1] < 2:
             return ce
-        _, teacher = frozen_forward(model, payload["model"], x)
+        _, teacher = frozen_forward(model, work.payload["model"], x)
         return ce + self.beta * ntd_loss(logits, teacher, y, self.tau)

@@ -5,10 +5,10 @@ With z the sample's representation, g_c the global prototype of class c and s th
 
     l_pc = -log( exp(s(z, g_y)/tau) / sum_c exp(s(z, g_c)/tau) ),      l = CE + weight * l_pc
 
-(specs/fedmr.md section 5: FedMR tunes one weight on l_pc, Table 9, instead of the paper's round-dependent
+(as FedMR's FedProc baseline: FedMR tunes one weight on l_pc, Table 9, instead of the paper's round-dependent
 blend of CE and l_pc; the blend is not implemented). Prototypes are constants in the local loss.
 
-Prototypes (specs/fedmr.md section 2.2, the protocol FedMR uses for its baselines): after local training each
+Prototypes (aggregated as in FedMR Sec. 3.3.2; FedMR runs its baselines on them): after local training each
 client sends, for every class it holds, the mean representation g_k^c of its samples under the final local
 model (eval mode, no augmentation) and the count n_k^c; the server sets g_c = sum_k n_k^c g_k^c / sum_k n_k^c
 over the round's participants holding c, and a class nobody reported keeps its previous prototype. Until a
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -59,10 +59,10 @@ def prototype_contrastive_loss(
 class FedProc(FedAvg):
     """FedProc: FedAvg + weight * l_pc against count-averaged global class prototypes."""
 
-    # Weight of l_pc. Default 1e-3: FedMR Table 9 for CIFAR-10 P10C3 and CIFAR-100 (1e-5 .. 1e-3 elsewhere,
-    # specs/fedmr.md section 3). weight = 0 is FedAvg.
+    # Weight of l_pc. Default 1e-3: FedMR Table 9 for CIFAR-10 P10C3 and CIFAR-100 (1e-5 .. 1e-3 elsewhere
+    # in that table). weight = 0 is FedAvg.
     weight: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0e-3
-    # tau of l_pc: 0.5 (no value in the shared specs; the same as MOON's, an assumption).
+    # tau of l_pc: 0.5 (FedMR states none; the same as MOON's, an assumption).
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.5
 
     # ----- server -----
@@ -88,8 +88,6 @@ class FedProc(FedAvg):
         return server
 
     # ----- client -----
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (``objective``)
-
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
@@ -99,13 +97,14 @@ class FedProc(FedAvg):
         return reply, state
 
     def objective(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any, traceable: bool
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
     ) -> Tensor:
         """CE + weight * l_pc (l_pc = 0 while no prototype exists; ``traceable``: its masked form)."""
         x, y = batch
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)
-        if self.weight == 0.0 or (not traceable and not bool(payload["known"].any())):
+        prototypes, known = work.payload["prototypes"], work.payload["known"]
+        if self.weight == 0.0 or (not traceable and not bool(known.any())):
             return ce
-        pc = prototype_contrastive_loss(z, y, payload["prototypes"], payload["known"], self.tau, traceable)
+        pc = prototype_contrastive_loss(z, y, prototypes, known, self.tau, traceable)
         return ce + self.weight * pc

@@ -1,6 +1,6 @@
 """FedProto (Tan, Long, Liu, Zhou, Lu, Jiang & Zhang, "FedProto: Federated Prototype Learning across
-Heterogeneous Clients", AAAI 2022, Alg. 1); the FedNH benchmark's baseline (specs/fednh.md sections 3-5) and
-a model-heterogeneous baseline of FedSSA (specs/fedssa.md section 5).
+Heterogeneous Clients", AAAI 2022, Alg. 1); a baseline of the FedNH paper (Dai et al., AAAI 2023, Sec. 4.1,
+App. A.2) and a model-heterogeneous baseline of FedSSA (Yi et al., IJCAI 2024, Sec. 6.1).
 
 No weights are shared: each client's whole model is private (the client state) and may have its own
 architecture; only the representation dimension d (``model.feature_dim``) must agree. With z = f_k(x) the
@@ -14,15 +14,15 @@ representation (``model.features``) and C_j the global prototype of class j:
 - Server: C_j = the mean of the c_k^j of this round's clients that hold j; a class nobody reported keeps
   its prototype. Global prototypes are constants in the local loss.
 - Personal model: the client's own model classifying by the nearest global prototype (L2), the protocol of
-  specs/fednh.md sec. 4 (FedNH code [C]). There is no global model (GA is None).
+  the FedNH benchmark code [C]. There is no global model (GA is None).
 
-Options, each naming its source ([P] the paper, [O] the official code yuetan031/FedProto, [C] the FedNH code
-the spec follows):
+Options, each naming its source ([P] the paper, [O] the official code yuetan031/FedProto, [C] the FedNH
+benchmark code Yutong-Dai/FedNH, which produced the FedNH paper's FedProto numbers):
 
 - ``init``: "uniform" = every class starts with a random U[0,1)^d prototype drawn on the server from the run
-  seed ([C], specs/fednh.md sec. 5); "none" = no global prototype before the first upload ([O]): the
+  seed ([C]); "none" = no global prototype before the first upload ([O]): the
   prototype term of a class is off until some client reported it.
-- ``weighting``: "uniform" = unweighted mean over the holders ([O], [C], specs/fednh.md sec. 5); "samples" =
+- ``weighting``: "uniform" = unweighted mean over the holders ([O], [C]); "samples" =
   weighted by the holders' counts n_k^j, [P]'s aggregation rule (normalised so the weights sum to one).
 - ``predict``: "prototype" = nearest global prototype over every class that has one ([C]); "prototype_local"
   = nearest among the client's own classes ([O]'s "with protos" test); "head" = the model's own classifier
@@ -125,14 +125,11 @@ class ClassMeanExchange(FedAvg):
     def check_payload(self, model: nn.Module, data: ClientData, payload: Payload) -> None:
         """Raise a UserError when the client's model cannot use the payload (default: always can)."""
 
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
         """The own model (as delivered at first participation) trains; no weights are received."""
-        self.check_payload(model, data, payload)
-        if state is not None:
-            model.load_state_dict(state["model"])
-        return LocalWork(payload, state, payload, rng)
+        self.check_payload(model, data, work.payload)
+        if work.state is not None:
+            model.load_state_dict(work.state["model"])
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -148,13 +145,12 @@ class ClassMeanExchange(FedAvg):
 class FedProto(ClassMeanExchange):
     """FedProto: private models regularised towards global class prototypes; only prototypes travel."""
 
-    # lambda of the prototype term. 0.1: specs/fednh.md sec. 3 and 5 (the FedNH paper's and code's value);
+    # lambda of the prototype term. 0.1: FedNH App. A.2 (the FedNH paper's and code's value);
     # the FedProto paper tunes it per dataset. lambda = 0: local training with CE alone.
     lam: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.1
-    init: Literal["uniform", "none"] = "uniform"  # "uniform": [C], specs/fednh.md sec. 5; "none": [O]
-    # weighting (inherited) "uniform": [O], [C], the spec; "samples": [P]
-    predict: Literal["prototype", "prototype_local", "head"] = "prototype"  # "prototype": [C], spec sec. 4
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered (the loss reads no attrs)
+    init: Literal["uniform", "none"] = "uniform"  # "uniform": [C]; "none": [O]
+    # weighting (inherited) "uniform": [O], [C]; "samples": [P]
+    predict: Literal["prototype", "prototype_local", "head"] = "prototype"  # "prototype": [C]
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
@@ -180,17 +176,18 @@ class FedProto(ClassMeanExchange):
                 f"model has feature_dim={int(model.feature_dim)}"
             )
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """CE + lambda * MSE(z, C_y) (classes without a global prototype add 0)."""
         x, y = batch
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)
         if self.lam == 0.0:
             return ce
-        return ce + self.lam * prototype_mse(z, y, payload["prototypes"], payload["known"])
+        return ce + self.lam * prototype_mse(z, y, work.payload["prototypes"], work.payload["known"])
 
-    def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
+    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
         """The own model, classifying by the nearest received global prototype (``predict``)."""
+        payload, state = work.received, work.state
         model.load_state_dict(state["model"])
         allowed = payload["known"].clone()
         if self.predict == "prototype_local":

@@ -10,13 +10,13 @@ FedDC) share: parameter names, squared distances, local step counts and aggregat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated
 
 from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, sq_distance
-from fedpcd.algorithms.fedavg import FedAvg, Payload
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork
 
 # ----- the algorithm ---------------------------------------------------------------------------------------
 
@@ -27,14 +27,13 @@ class FedProx(FedAvg):
     """FedProx: FedAvg whose local objective adds (mu/2)||w - w^t||^2 (Eq. 2); buffers are not penalised."""
 
     # Proximal weight mu of Eq. (2). 1e-2: FedMR Table 9's tuned value for FMNIST, CIFAR10 and CIFAR100
-    # (specs/fedmr.md section 3; SVHN 1e-3, larger-scale CIFAR 1e-4). The paper tunes mu in {0.001, ..., 1}.
+    # (Fan et al., TMLR 2023; SVHN 1e-3, Table 10's larger-scale CIFAR 1e-4). The paper tunes mu in
+    # {0.001, ..., 1}.
     mu: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.01
 
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
-
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Eq. (2): cross-entropy + (mu/2) ||w - w^t||^2 over the parameters (w^t = the payload model)."""
-        ce = super().loss(model, batch, payload, state)
+        ce = super().loss(model, batch, work)
         if self.mu == 0.0:
             return ce
-        return ce + self.mu / 2 * sq_distance(model, payload["model"])
+        return ce + self.mu / 2 * sq_distance(model, work.payload["model"])

@@ -4,7 +4,7 @@ ICLR 2022).
 One body, two heads. The generic head (the model's ``head``) and the body are shared and averaged; they are
 trained with the balanced-softmax loss (Sec. 4, "BSM"): CE(g(z) + log p_k(y)), p_k the client's training
 class prior n_kc / n_k. The personal head is a private linear layer h_p (the paper's ResNet variant) trained
-with CE(g(z).detach() + h_p(z.detach())) -- body and generic head fixed for it (specs/fednh.md sec. 5) --
+with CE(g(z).detach() + h_p(z.detach())) -- body and generic head fixed for it (FedNH App. A.2) --
 and the personal prediction is g(z) + h_p(z). Both losses are summed into one SGD step; since each parameter
 gets gradient from exactly one of them, this equals two separate updates.
 
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, balanced_softmax_loss, clone_state, log_prior
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply
 
 
 @ALGORITHMS.register("fedrod")
@@ -34,54 +34,47 @@ class FedRoD(FedAvg):
     """FedRoD: BSM-trained shared body + generic head, private linear head on top; personal = sum of both."""
 
     # ----- client -----
-    # Working state of a client step (like FedNH's scale), read by the loss: lives until personal_predictor.
-    vector_attrs: ClassVar[tuple[str, ...]] = ("_phead", "_log_prior")
-
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """Shared model from the payload, a trainable copy of the personal head from the state (zeros at
-        first); joint training follows."""
-        self.load_payload(model, payload, state)
-        if state is None:
-            state = {
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Shared model from the payload, a trainable copy of the personal head h_p from the state (zeros at
+        first; ``work.personal_head``) and the log class prior of BSM (``work.log_prior``)."""
+        self.load_payload(model, work.payload, work.state)
+        if work.state is None:
+            work.state = {
                 "weight": torch.zeros_like(model.head.weight.detach()),
                 "bias": torch.zeros_like(model.head.bias.detach()),
             }
-        self._phead = {k: v.detach().clone().requires_grad_(True) for k, v in state.items()}
-        self._log_prior = log_prior(data.label_counts)
-        return LocalWork(payload, state, payload, rng)
+        work.personal_head = {k: v.detach().clone().requires_grad_(True) for k, v in work.state.items()}
+        work.log_prior = log_prior(data.label_counts)
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
         """The shared model as the reply; the trained personal head as the state."""
         reply = {"model": clone_state(model), "num_samples": data.num_samples, "train_loss": loss}
-        return reply, {k: v.detach().clone() for k, v in self._phead.items()}
+        return reply, {k: v.detach().clone() for k, v in work.personal_head.items()}
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """BSM on the generic logits + CE of (generic logits, detached) + personal logits of detached z."""
         x, y = batch
         z = model.features(x)
         g = model.head(z)
-        generic = balanced_softmax_loss(g, y, self._log_prior)
-        personal = F.cross_entropy(
-            g.detach() + F.linear(z.detach(), self._phead["weight"], self._phead["bias"]), y
-        )
+        generic = balanced_softmax_loss(g, y, work.log_prior)
+        h_p = work.personal_head
+        personal = F.cross_entropy(g.detach() + F.linear(z.detach(), h_p["weight"], h_p["bias"]), y)
         return generic + personal
 
-    def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:
-        return [*model.parameters(), self._phead["weight"], self._phead["bias"]]
+    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
+        return [*model.parameters(), work.personal_head["weight"], work.personal_head["bias"]]
 
-    def personal_predictor(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
+    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
         """g(z) + h_p(z) with this round's body, generic head and personal head."""
         model.eval()
-        extra = self.personal_extra(model, payload, state)
+        extra = self.personal_extra(model, work)
         return lambda x: self.personal_logits(model, x, extra)
 
-    def personal_extra(self, model: nn.Module, payload: Payload, state: Any) -> dict[str, Any]:
+    def personal_extra(self, model: nn.Module, work: LocalWork) -> dict[str, Any]:
         """The personal head h_p."""
-        return {k: v.detach() for k, v in self._phead.items()}
+        return {k: v.detach() for k, v in work.personal_head.items()}
 
     def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
         """g(z) + h_p(z)."""

@@ -19,7 +19,7 @@ Evaluation (global and personal) uses the plain logits; the server is FedAvg's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork
 
 
 def restricted_logits(h: Tensor, weight: Tensor, bias: Tensor | None, scales: Tensor) -> Tensor:
@@ -46,21 +46,17 @@ class FedRS(FedAvg):
     """FedRS: FedAvg with the restricted softmax (missing classes' logits scaled by alpha) locally."""
 
     # alpha of the restricted softmax, in [0, 1]; alpha = 1 is FedAvg. Default 0.5: the middle of the
-    # range the paper studies (no tuned value in the shared specs).
+    # range the paper studies (FedGELA, which compares with it, gives no tuned value).
     alpha: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
 
-    # the loss reads the client's alpha_c from ``self._scales`` (vectorized executor, engine/vectorized.py)
-    vector_attrs: ClassVar[tuple[str, ...]] = ("_scales",)
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """This client's alpha_c (``work.class_scales``), then FedAvg's begin."""
+        work.class_scales = class_scales(data.label_counts, self.alpha)
+        super().begin_local(model, data, work)
 
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """Set this client's alpha_c (working attribute of one client step), then FedAvg's begin."""
-        self._scales = class_scales(data.label_counts, self.alpha)
-        return super().begin_local(model, data, payload, state, rng)
-
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Cross-entropy of the restricted logits."""
         x, y = batch
         head = model.head
-        return F.cross_entropy(restricted_logits(model.features(x), head.weight, head.bias, self._scales), y)
+        logits = restricted_logits(model.features(x), head.weight, head.bias, work.class_scales)
+        return F.cross_entropy(logits, y)

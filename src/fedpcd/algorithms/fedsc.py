@@ -1,10 +1,8 @@
 """FedSC (Wang et al., "FedSC: Federated Learning with Semantic-Aware Collaboration", KDD 2025).
 
-Spec: specs/fedsc.md.
-
 After local training each client sends, for every class it holds, its class prototype c_k^j (Eq. 3: the mean
 feature of its samples under the final local model) and the count n_k^j. The server then builds
-(section 2.1-2.2 of the spec):
+(Sec. 3.3-3.4):
 
 - relational prototypes r_k^j (Eqs. 7-9): phi_k^j = cos(g^j, c_k^j) with g^j the mean of the reported c_k^j;
   r_k^j is the mean of c_k^j and the c_q^j of the M clients q whose phi_q^j is nearest to phi_k^j;
@@ -22,9 +20,9 @@ Samples of a class without prototypes get CE only; round 1 (no prototypes yet) i
 are averaged as in FedAvg (by n_k over the round's participants). rpcl_weight = cpdr_weight = 0 is
 FedAvg exactly.
 
-Sources: [P] the paper (the default), [C] the official code hwang52/FedSC as analysed in specs/fedsc.md 2.9.
-``compat_official=True`` reproduces [C]'s actual behaviour for auditing (spec 2.9 items 1-5; item 6, the
-batch-level augmentation, lives in the data pipeline and is not reproduced):
+Sources: [P] the paper (the default), [C] the official code hwang52/FedSC.
+``compat_official=True`` reproduces [C]'s actual behaviour for auditing (all of it but its
+batch-level augmentation, which lives in the data pipeline and is not reproduced):
 no relational merge (r = c), e_k indexed by position within each class's list and not renormalised, RPCL with
 the sample itself as the positive (constant logit 1/tau), plain cosine (no U) and the batch-wide pooled
 negatives, CPDR = mse(z, z.detach()) (identically 0), prototypes collected from the last local epoch's
@@ -37,17 +35,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, class_means_reply, device_of
+from fedpcd.algorithms.base import ALGORITHMS, ClassSums, ClientData, class_means_reply, device_of
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 
-U_MIN = 1e-6  # clamp of the U normaliser (spec 2.3)
+U_MIN = 1e-6  # clamp of the U normaliser (Eq. 13; a library choice)
 
 
 # ----- server side: Eqs. 7-12 ------------------------------------------------------------------------------
@@ -142,7 +140,7 @@ def rpcl_loss(
 
 
 def official_rpcl_loss(z: Tensor, y: Tensor, bank: Tensor, bank_labels: Tensor, tau: float) -> Tensor:
-    """[C]'s contrastive term per sample (spec 2.9 items 2-3): the positive is z_i itself (logit 1/tau, no
+    """[C]'s contrastive term per sample: the positive is z_i itself (logit 1/tau, no
     gradient); the negatives are the batch-wide pool, in which prototype r appears #{b : y_b != label(r)}
     times; plain cosine / tau (no U)."""
     mult = (bank_labels[None, :] != y[:, None]).sum(dim=0).to(z.dtype)  # [P]
@@ -179,13 +177,13 @@ class FedSC(FedAvg):
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.05  # RPCL temperature, [P] and [C]
     num_neighbors: Annotated[int, Field(ge=0)] = 2  # M of Eqs. 8-9, [P] (M = 2); [C] is effectively 0
     rpcl_weight: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0  # [P]/[C] 1; 0 turns RPCL off
-    # Weight of CPDR: 1 in [P] and [C]; exposed (spec 7) because l1_sum is ~d x larger than mse_mean.
+    # Weight of CPDR: 1 in [P] and [C]; exposed because l1_sum is ~d x larger than mse_mean.
     # With l1_sum at 1, fmnist + Simple-CNN (d = 84) training collapsed (GA ~30%); 0.01 (~1/d) trains
     # (docs/results/fedsc.md).
     cpdr_weight: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
     cpdr_dist: Literal["l1_sum", "mse_mean"] = "l1_sum"  # "l1_sum": Eq. 15 [P]; "mse_mean": [C]'s mse_loss
     use_u: bool = True  # U(r) normaliser of Eq. 13 [P]; False: plain cosine as in [C]
-    # Reproduce what [C] actually computes (spec 2.9 items 1-5); overrides the options above except the
+    # Reproduce what [C] actually computes (module docstring); overrides the options above except the
     # weights and tau. For auditing only: CPDR is identically 0 there.
     compat_official: bool = False
 
@@ -254,24 +252,20 @@ class FedSC(FedAvg):
         }
 
     # ----- client -----
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered unless compat_official
-
     def vectorize_blocker(self) -> str | None:
         if self.compat_official:
             return "FedSC with compat_official collects features during training"
         return super().vectorize_blocker()
 
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """FedAvg's; compat_official: start collecting the last local epoch's training-mode features."""
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """FedAvg's; compat_official: start collecting the last local epoch's training-mode features
+        (``work.feature_sums``, from step ``work.collect_from`` on; ``work.step`` counts the steps)."""
         if self.compat_official:
             batches_per_epoch = math.ceil(data.num_samples / self.ctx.local.batch_size)
-            self._collect_from = (self.ctx.local.epochs - 1) * batches_per_epoch
-            self._step = 0
-            self._sums = torch.zeros(data.num_classes, int(model.feature_dim), device=data.x.device)
-            self._counts = torch.zeros(data.num_classes, dtype=torch.long, device=data.x.device)
-        return super().begin_local(model, data, payload, state, rng)
+            work.collect_from = (self.ctx.local.epochs - 1) * batches_per_epoch
+            work.step = 0
+            work.feature_sums = ClassSums(data.num_classes, (int(model.feature_dim),), device=data.x.device)
+        super().begin_local(model, data, work)
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -283,16 +277,14 @@ class FedSC(FedAvg):
         """
         reply, state = super().end_local(model, data, work, loss)
         if self.compat_official:
-            classes = torch.nonzero(self._counts > 0).flatten()
-            counts, means = self._counts[classes], self._sums[classes] / self._counts[classes, None]
-            del self._sums, self._counts
+            classes, counts, means = work.feature_sums.held_means()
             reply.update({"classes": classes, "class_counts": counts, "class_means": means})
         else:
             reply.update(class_means_reply(model, data))
         return reply, state
 
     def objective(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any, traceable: bool
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
     ) -> Tensor:
         """mean_i [CE_i + 1{y_i has prototypes} (rpcl_weight RPCL_i + cpdr_weight CPDR_i)] (Eqs. 14-16);
         ``traceable``: the samples of classes without prototypes masked instead of indexed out."""
@@ -300,7 +292,8 @@ class FedSC(FedAvg):
         z = model.features(x)
         loss = F.cross_entropy(model.head(z), y)
         if self.compat_official:
-            self._collect(z, y)
+            self._collect(work, z, y)
+        payload = work.payload
         bank, bank_labels = payload["bank"], payload["bank_labels"]
         if len(bank_labels) == 0 or (self.rpcl_weight == 0.0 and self.cpdr_weight == 0.0):
             return loss  # round 1: no prototypes, pure CE
@@ -332,11 +325,12 @@ class FedSC(FedAvg):
             extra = extra + self.cpdr_weight * F.mse_loss(z, z.detach())
         return extra
 
-    def _collect(self, z: Tensor, y: Tensor) -> None:
-        """compat_official: accumulate the training-mode features of the last local epoch per class."""
-        if not hasattr(self, "_sums"):
+    @staticmethod
+    def _collect(work: LocalWork, z: Tensor, y: Tensor) -> None:
+        """compat_official: accumulate the training-mode features of the last local epoch per class (not
+        outside a local update)."""
+        if work.get("feature_sums") is None:
             return
-        if self._step >= self._collect_from:
-            self._sums.index_add_(0, y, z.detach().float())
-            self._counts += torch.bincount(y, minlength=len(self._counts))
-        self._step += 1
+        if work.step >= work.collect_from:
+            work.feature_sums.add(y, z.detach().float())
+        work.step += 1

@@ -1,5 +1,5 @@
 """FedSSA (Yi et al., "FedSSA: Semantic Similarity-based Aggregation for Efficient Model-Heterogeneous
-Personalized Federated Learning", IJCAI 2024), Alg. 1, Eq. (3)-(6); specs/fedssa.md section 2.
+Personalized Federated Learning", IJCAI 2024), Sec. 4, Alg. 1, Eq. (3)-(6).
 
 Each client keeps its whole model (any architecture: heterogeneous extractor F_k) private; only the header
 H, a Linear(D -> S) of the same shape for every client, is federated, and only row by row. With
@@ -12,9 +12,9 @@ theta^s = (W[s, :], b[s]) the slice of output neuron s and S_k the classes clien
 - Global -> local, Eq. (4), adaptive parameter stabilisation: before training, for s in S_k,
   theta_k^s <- theta^{t-1,s} + mu^t theta_k^s, literally (weights summing to 1 + mu^t, as paper and code);
   unseen rows and the extractor stay the client's own. ``fusion="convex"`` uses (1 - mu^t) theta^{t-1,s} +
-  mu^t theta_k^s instead: NOT faithful (spec pitfall P2), offered for study only.
+  mu^t theta_k^s instead: NOT faithful (Eq. 4's weights sum to 1 + mu^t), offered for study only.
 - Schedule: mu^t = mu_0 cos(pi t / (2 T_stable)) for t <= T_stable, else 0; t is the global round index
-  from 0 (``self.round - 1``).
+  from 0 (``work.round - 1``).
 - Local training, Eq. (6): plain cross-entropy over all S logits, all parameters (the shared loop).
 - Inference: each client's own model after its local training. There is no global model (GA is None).
 
@@ -28,8 +28,8 @@ with the rows), so a client's very first download is the whole header, later one
 knows every S_j in advance, averages its initial rows too); with full participation both aggregations are
 identical. ``upload="zero_filled"`` is the privacy variant of Sec. 4.3: the full header with unseen rows
 zeroed plus the class mask; the server aggregates by the mask, so the result equals the sparse upload.
-Every client starts from its own copy of its architecture's seeded initial weights (spec P6's library
-default); the official scripts' aliasing quirks (shared init dicts written in place, a new client starting
+Every client starts from its own copy of its architecture's seeded initial weights (the library's
+choice); the official scripts' aliasing quirks (shared init dicts written in place, a new client starting
 from the last trained peer of its architecture) depend on in-process object sharing that a deployable client
 cannot have, and are not emulated.
 """
@@ -45,7 +45,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, clone_state
+from fedpcd.algorithms.base import ALGORITHMS, ClassSums, ClientData, clone_state
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.errors import UserError
 
@@ -62,16 +62,12 @@ def per_class_mean(
 ) -> tuple[Tensor, Tensor]:
     """Eq. (3): each row s becomes the unweighted mean of the uploaded rows of class s; rows nobody
     uploaded keep their value. ``uploads``: (class ids, weight rows, bias rows) per client."""
-    sum_w, sum_b = torch.zeros_like(weight), torch.zeros_like(bias)
-    count = torch.zeros(len(bias), dtype=weight.dtype, device=weight.device)
+    like = {"dtype": weight.dtype, "device": weight.device}
+    sums = ClassSums(len(bias), weight.shape[1:], bias.shape[1:], **like, count_dtype=weight.dtype)
     for classes, w, b in uploads:
-        sum_w.index_add_(0, classes, w)
-        sum_b.index_add_(0, classes, b)
-        count.index_add_(0, classes, torch.ones(len(classes), dtype=weight.dtype, device=weight.device))
-    held = count > 0
+        sums.add(classes, w, b)
     new_w, new_b = weight.clone(), bias.clone()
-    new_w[held] = sum_w[held] / count[held, None]
-    new_b[held] = sum_b[held] / count[held]
+    new_w[sums.held], new_b[sums.held] = sums.mean(0), sums.mean(1)
     return new_w, new_b
 
 
@@ -91,7 +87,7 @@ class FedSSA(FedAvg):
     # T_stable; None: the official scripts' values, 2 for model-heterogeneous runs and 45 for homogeneous ones
     t_stable: Annotated[int, Field(ge=0)] | None = None
     aggregation: Literal["participants", "cached_all"] = "participants"  # paper Alg. 1 / official code
-    fusion: Literal["literal", "convex"] = "literal"  # "convex" is NOT faithful (spec P2)
+    fusion: Literal["literal", "convex"] = "literal"  # "convex" is NOT faithful to Eq. (4)
     case: Literal["C", "B", "A"] = "C"  # Table 3: C = FedSSA, B = mu 0, A = whole header replaced
     upload: Literal["seen_rows", "zero_filled"] = "seen_rows"  # zero_filled: privacy variant (Sec. 4.3)
 
@@ -163,16 +159,11 @@ class FedSSA(FedAvg):
         return None
 
     # ----- client -----
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # vectorized executor: covered where clients share an arch
-
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
         """Load the own model and fuse the header (Eq. 4); training is CE (Eq. 6)."""
-        if state is not None:
-            model.load_state_dict(state)
-        self.fuse(model, payload, seen_classes(data))
-        return LocalWork(payload, state, payload, rng)
+        if work.state is not None:
+            model.load_state_dict(work.state)
+        self.fuse(model, work.payload, seen_classes(data), work.round)
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -189,8 +180,9 @@ class FedSSA(FedAvg):
             reply.update(classes=classes, weight=w[classes].clone(), bias=b[classes].clone())
         return reply, clone_state(model)
 
-    def fuse(self, model: nn.Module, payload: Payload, classes: Tensor) -> None:
-        """Eq. (4) on the rows of ``classes`` (all rows for case A), in place; the extractor is untouched."""
+    def fuse(self, model: nn.Module, payload: Payload, classes: Tensor, rnd: int) -> None:
+        """Eq. (4) in round ``rnd`` (1..R) on the rows of ``classes`` (all rows for case A), in place; the
+        extractor is untouched."""
         head = model.head
         gw, gb = payload["weight"], payload["bias"]
         if gw.shape[1] != head.weight.shape[1] or len(head.bias) != self.ctx.num_classes:
@@ -202,7 +194,7 @@ class FedSSA(FedAvg):
         rows = torch.arange(self.ctx.num_classes, device=classes.device) if self.case == "A" else classes
         if full:  # the whole header arrived: pick the rows to fuse
             gw, gb = gw[rows], gb[rows]
-        mu = self.mu(self.round - 1)
+        mu = self.mu(rnd - 1)
         keep = 1.0 if self.fusion == "literal" else 1.0 - mu
         with torch.no_grad():
             head.weight[rows] = keep * gw + mu * head.weight[rows]

@@ -1,6 +1,6 @@
 """FML (Shen et al., "Federated Mutual Learning", arXiv 2006.16765, 2020), Sec. 3 and Alg. 1; the
-model-heterogeneous baseline of FedSSA (specs/fedssa.md section 5). Also the shared-small-model machinery
-that FedKD (``fedkd.py``) reuses.
+model-heterogeneous baseline of FedSSA (Yi et al., IJCAI 2024, Sec. 6.1). Also the shared-small-model
+machinery that FedKD (``fedkd.py``) reuses.
 
 Each client k trains two models on its data at every local step, by Deep Mutual Learning (DML, Zhang et al.
 CVPR 2018): its private model (any architecture; never sent; kept in the client state) and a "meme" model, a
@@ -16,7 +16,7 @@ official code: two identical optimisers; here one optimiser over both parameter 
 update because the two losses share no parameter). The server averages the meme models like FedAvg
 (``weighting="samples"``, n_k; ``"uniform"`` is the official code's plain mean) and sends the average back.
 
-Communication per client and round: the shared model, down and up (specs/fedssa.md 2.6: CNN-5, 670,058
+Communication per client and round: the shared model, down and up (CNN-5 of FedSSA's Table 4: 670,058
 params on CIFAR-10). Personal metrics: the private model after local training; GA: the global meme model on
 the full test set (the paper reports both the global and the local models).
 
@@ -28,7 +28,8 @@ seeded initial weights (the engine's reset at first participation); the paper's 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import copy
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -47,7 +48,7 @@ from fedpcd.algorithms.base import (
     reply_weights,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
 from fedpcd.utils import derive_seed
@@ -89,9 +90,10 @@ class SharedModelMethod(FedAvg):
     """A private model of any architecture per client plus one shared small model that alone is federated.
 
     Server state and payload: ``{"model": shared model state}``. Client state: ``{"model": private state}``
-    (subclasses add their own private tensors). ``self.shared`` is the one reusable shared-model object of
-    this process, seeded from the run seed. Subclasses define ``loss`` (over both models), ``local_update``'s
-    reply and ``aggregate``.
+    (subclasses add their own private tensors). ``self.shared`` is the shared architecture with its initial
+    weights, seeded from the run seed and never trained: each local update trains its own copy
+    (``work.shared``). Subclasses define ``loss`` (over both models), ``local_update``'s reply and
+    ``aggregate``.
     """
 
     heterogeneous: ClassVar[bool] = True
@@ -119,21 +121,30 @@ class SharedModelMethod(FedAvg):
 
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
         """The global shared model (GA), on the run's device."""
-        self.shared.to(device_of(model)).load_state_dict(server["model"])
-        return self.shared
+        return self.shared_copy(server["model"], device_of(model))
+
+    def shared_copy(self, weights: Mapping[str, Tensor], device: torch.device) -> nn.Module:
+        """A copy of the shared model on ``device`` holding ``weights``."""
+        shared = copy.deepcopy(self.shared).to(device)
+        shared.load_state_dict(weights)
+        return shared
 
     # ----- client -----
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Private weights into ``model``; the received global weights into this update's copy of the shared
+        model (``work.shared``), which trains with it."""
+        self.load_payload(model, work.payload, work.state)
+        work.shared = self.shared_copy(work.payload["model"], device_of(model))
+        work.shared.train()
+
     def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
-        """Private weights from the client state (the engine's seeded initial weights when there is none);
-        the received global weights into the shared model."""
+        """Private weights from the client state (the engine's seeded initial weights when there is none)."""
         if state is not None:
             model.load_state_dict(state["model"])
-        self.shared.to(device_of(model)).load_state_dict(payload["model"])
-        self.shared.train()
 
-    def trainable_parameters(self, model: nn.Module, payload: Payload, state: Any) -> Iterable[nn.Parameter]:
+    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
         """Both models: one SGD step on each per batch."""
-        return [*model.parameters(), *self.shared.parameters()]
+        return [*model.parameters(), *work.shared.parameters()]
 
 
 @ALGORITHMS.register("fml")
@@ -151,17 +162,16 @@ class FML(SharedModelMethod):
         )
         return server
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """L_local + L_meme; each has gradients only in its own model."""
         x, y = batch
-        local, meme = mutual_losses(model(x), self.shared(x), y, self.alpha, self.beta)
+        local, meme = mutual_losses(model(x), work.shared(x), y, self.alpha, self.beta)
         return local + meme
 
-    def local_update(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> tuple[Reply, Any]:
+    def local_update(self, model: nn.Module, data: ClientData, work: LocalWork) -> tuple[Reply, Any]:
         """Mutual learning for ``local.epochs``; reply with the trained meme model, keep the private one."""
-        self.load_payload(model, payload, state)
-        loss = self.train(model, data, payload, state, rng)
-        reply = {"model": clone_state(self.shared), "num_samples": data.num_samples, "train_loss": loss}
-        return reply, {"model": clone_state(model)}
+        self.begin_local(model, data, work)
+        loss = self.train(model, data, work)
+        reply = {"model": clone_state(work.shared), "num_samples": data.num_samples, "train_loss": loss}
+        work.state = {"model": clone_state(model)}
+        return reply, work.state

@@ -29,7 +29,6 @@ class LGFedAvg(SplitModel):
     """LG-FedAvg: private body, shared (averaged) head; joint local training."""
 
     heterogeneous: ClassVar[bool] = True
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
 
     def private_keys(self, model: nn.Module) -> list[str]:
         """Everything but the head (parameters and buffers of the body)."""

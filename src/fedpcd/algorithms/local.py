@@ -1,4 +1,4 @@
-"""Local: standalone training, no federation (the "Local" baseline of specs/fednh.md sec. 5).
+"""Local: standalone training, no federation (the "Local" baseline of FedNH, Dai et al., AAAI 2023, App. A.2).
 
 Every client trains its own model, from its architecture's seeded initial model (built on the client), for
 ``local.epochs`` epochs each time it is sampled: its compute matches its participation under FedAvg, the
@@ -27,7 +27,6 @@ class Local(SplitModel):
     """Local: the whole model is private; the server does nothing."""
 
     heterogeneous: ClassVar[bool] = True
-    vector_attrs: ClassVar[tuple[str, ...]] = ()  # covered by the vectorized executor (engine/vectorized.py)
 
     def private_keys(self, model: nn.Module) -> list[str]:
         return list(model.state_dict())

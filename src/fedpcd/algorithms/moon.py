@@ -27,7 +27,7 @@ Choices (each documented where it matters):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, frozen_forward
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply
 
 
 def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> Tensor:
@@ -52,14 +52,10 @@ class MOON(FedAvg):
     """MOON: FedAvg whose local loss adds mu * l_con (Eq. 4) against the global and previous local models."""
 
     # mu of Eq. (4). Default 1e-4: FedMR Table 9 (CIFAR-10 P10C3, the split FedMR's Table 10 repeats); the
-    # tuned value depends on dataset and split (1e-4 .. 1, specs/fedmr.md section 3). mu = 0 is FedAvg.
+    # tuned value depends on dataset and split (1e-4 .. 1 in FedMR's Table 9). mu = 0 is FedAvg.
     mu: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0e-4
     # tau of Eq. (3): 0.5, the official code's default (--temperature 0.5) and FedMR's setting.
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.5
-
-    # covered by the vectorized executor (engine/vectorized.py): both frozen forwards are vmapped with the
-    # loss (w^t shared, w_k^{t-1} per client)
-    vector_attrs: ClassVar[tuple[str, ...]] = ()
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -68,13 +64,13 @@ class MOON(FedAvg):
         reply, _ = super().end_local(model, data, work, loss)
         return reply, {"prev": reply["model"]}
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], payload: Payload, state: Any) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Eq. (4): CE + mu * l_con; l_con = 0 without a previous local model (first participation)."""
         x, y = batch
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)
-        if self.mu == 0.0 or not state or "prev" not in state:
+        if self.mu == 0.0 or not work.state or "prev" not in work.state:
             return ce
-        z_glob, _ = frozen_forward(model, payload["model"], x)
-        z_prev, _ = frozen_forward(model, state["prev"], x)
+        z_glob, _ = frozen_forward(model, work.payload["model"], x)
+        z_prev, _ = frozen_forward(model, work.state["prev"], x)
         return ce + self.mu * model_contrastive_loss(z, z_glob, z_prev, self.tau)

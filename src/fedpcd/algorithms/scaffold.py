@@ -10,7 +10,7 @@ Differences from FedAvg, all in this file: the payload carries c, the correction
 gradient (``correct_grads``, before clipping, weight decay and momentum), the reply carries Delta c_i and the
 server keeps c. With eta_g = 1 the model update is the weighted average of the y_i (x + mean(y_i - x) =
 mean y_i), which is computed as such, so with zero variates the first round equals FedAvg's exactly.
-Buffers (BatchNorm statistics) are averaged as in FedAvg. Peers' known bug (specs/anchors.md section 5): the
+Buffers (BatchNorm statistics) are averaged as in FedAvg. Peers' known bug (PFLlib#152, #160): the
 denominator of option II is K * eta_l with K the *total* number of local steps (all epochs), as here.
 
 Momentum: Alg. 1 is plain SGD. With heavy-ball momentum beta (the papers' local optimiser here, beta 0.9)
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import torch
 from pydantic import Field
@@ -64,8 +64,8 @@ class Scaffold(FedAvg):
 
     # Global step size eta_g of Eq. (5); 1 is the paper's choice in its experiments.
     server_lr: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
-    # Weights of mean(Delta y_i): "samples" (n_k, the library's FedAvg and FedMR's baselines, specs/fedmr.md
-    # section 3) so SCAFFOLD differs from FedAvg only by its variates; "uniform" is Alg. 1's 1/|S|.
+    # Weights of mean(Delta y_i): "samples" (n_k, the library's FedAvg and FedMR's baselines, FedMR
+    # Sec. 3.1) so SCAFFOLD differs from FedAvg only by its variates; "uniform" is Alg. 1's 1/|S|.
     # The c update is always (1/N) sum Delta c_i (c is the mean of all N client variates).
     weighting: Weighting = "samples"
     # Option II's denominator K eta_l / (1 - beta) under momentum beta (module docstring); False: K eta_l.
@@ -114,18 +114,13 @@ class Scaffold(FedAvg):
         """c_i = 0 (Alg. 1, initialisation)."""
         return {"control": zeros_like_params(model)}
 
-    # the gradients get ``self._correction`` = c - c_i per client (vectorized executor, engine/vectorized.py)
-    vector_attrs: ClassVar[tuple[str, ...]] = ("_correction",)
-
-    def begin_local(
-        self, model: nn.Module, data: ClientData, payload: Payload, state: Any, rng: torch.Generator
-    ) -> LocalWork:
-        """Alg. 1 client: y_i <- x and this client step's correction c - c_i of Eq. (3) (c_i = 0 at first)."""
-        state = dict(state) if state is not None else self.init_client_state(model)
-        work = super().begin_local(model, data, payload, state, rng)
-        # Working state of this client step only (like the reusable model): c - c_i per parameter.
-        self._correction = {k: payload["control"][k] - ci for k, ci in state["control"].items()}
-        return work
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Alg. 1 client: y_i <- x and the correction c - c_i of Eq. (3) (``work.correction``; c_i = 0 at
+        first)."""
+        work.state = dict(work.state) if work.state is not None else self.init_client_state(model)
+        super().begin_local(model, data, work)
+        c = work.payload["control"]
+        work.correction = {k: c[k] - ci for k, ci in work.state["control"].items()}
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
@@ -133,7 +128,7 @@ class Scaffold(FedAvg):
         """Eq. (4) option II for c_i after the K corrected steps; reply (y_i, Delta c_i)."""
         state = work.state
         y = clone_state(model)
-        steps, lr = local_steps(data.num_samples, self.ctx.local), round_lr(self.ctx.local, self.round)
+        steps, lr = local_steps(data.num_samples, self.ctx.local), round_lr(self.ctx.local, work.round)
         if self.momentum_aware:
             lr /= 1.0 - self.ctx.local.momentum
         new_c = option_two_control(
@@ -145,7 +140,7 @@ class Scaffold(FedAvg):
         return reply, state
 
     def correct_grads(
-        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], payload: Payload, state: Any
+        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], work: LocalWork
     ) -> dict[str, Tensor]:
         """Eq. (3): g_i(y) -> g_i(y) - c_i + c."""
-        return shifted(grads, self._correction)
+        return shifted(grads, work.correction)

@@ -8,9 +8,11 @@ downloaded from the official source (if allowed), otherwise a UserError says whe
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import gzip
 import hashlib
+import io
 import numbers
 import os
 import pickle
@@ -26,8 +28,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+try:  # numpy >= 2
+    from numpy._core.multiarray import _reconstruct, scalar
+    from numpy._core.numeric import _frombuffer
+except ImportError:  # pragma: no cover - numpy 1.x
+    from numpy.core.multiarray import _reconstruct, scalar
+    from numpy.core.numeric import _frombuffer
+
 from fedpcd.data.transforms import normalize
-from fedpcd.errors import UserError
+from fedpcd.errors import UserError, clip
 from fedpcd.registry import Registry
 from fedpcd.utils import current_umask
 
@@ -279,8 +288,9 @@ def _download_and_extract(url: str, dest: Path, folder: str) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # Checksums of the official files
 #
-# A file whose shape (or sample count) is that of an official file must also have its content: MD5 below.
-# Files of other shapes (subsets, test fixtures, other data in the same format) are not checked. For IDX
+# A file whose shape (or sample count) is that of an official file must also have its content: MD5 below;
+# a CIFAR batch large enough to hold the official file's images is checked before it is parsed. Files of
+# other shapes (subsets, test fixtures, other data in the same format) are not checked. For IDX
 # files the MD5 is of the uncompressed content, so a re-compressed .gz (Debian's dataset-fashion-mnist)
 # matches too. Sources: the publishers' pages as mirrored by torchvision; the Fashion-MNIST values were
 # checked against /usr/share/datasets/fashion-mnist.
@@ -393,6 +403,8 @@ def read_idx(path: Path, ndim: int, official: tuple[tuple[int, ...], str] | None
             f"expected 000008{ndim:02x}"
         )
     dims = tuple(int(d) for d in np.frombuffer(buf, dtype=">u4", count=ndim, offset=4))
+    if 0 in dims:
+        raise UserError(f"{path} holds no data: its header says {'x'.join(map(str, dims))}")
     expected = int(np.prod(dims, dtype=np.int64))
     if len(buf) - header != expected:
         raise UserError(
@@ -415,6 +427,10 @@ def _load_idx_dataset(name: str, folder: Path, mean: tuple[float, ...], std: tup
     tensors = {}
     for split in ("train", "test"):
         (x, x_path), (y, y_path) = arrays[f"{split}_x"], arrays[f"{split}_y"]
+        if x.shape[1] != x.shape[2]:
+            raise UserError(
+                f"{x_path} holds {x.shape[1]}x{x.shape[2]} images; only square ones are supported"
+            )
         if len(x) != len(y):
             raise UserError(f"{x_path} has {len(x)} images but {y_path} has {len(y)} labels")
         if len(y) and y.max() >= 10:
@@ -490,24 +506,65 @@ CIFAR_OFFICIAL = {
 }
 
 
+# What a CIFAR batch may refer to: numpy's array, dtype and scalar constructors (under numpy 1's and 2's
+# module names), bytes from Python 2 text (``_codecs.encode``) and builtin containers. Nothing else is
+# ever looked up, so a crafted batch cannot run code.
+_PLAIN = {
+    **{(f"numpy.{core}.multiarray", "_reconstruct"): _reconstruct for core in ("core", "_core")},
+    **{(f"numpy.{core}.multiarray", "scalar"): scalar for core in ("core", "_core")},
+    **{(f"numpy.{core}.numeric", "_frombuffer"): _frombuffer for core in ("core", "_core")},
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): codecs.encode,
+    **{(b, t.__name__): t for b in ("builtins", "__builtin__") for t in (set, frozenset, bytearray, complex)},
+}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays and plain data only: any other global is a UserError naming the file."""
+
+    def __init__(self, file: io.BufferedIOBase, path: Path) -> None:
+        super().__init__(file, encoding="bytes")
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> object:
+        found = _PLAIN.get((module, name))
+        if found is None:
+            raise UserError(
+                f"{self.path} is not a plain CIFAR batch: it refers to {clip(module, 40)}.{clip(name, 40)} "
+                "(only numpy arrays and plain data are loaded, never code); delete it and download again"
+            )
+        return found
+
+
 def _read_cifar_batch(
     path: Path, label_key: bytes, num_classes: int, official: tuple[int, str] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
+    """One batch file, parsed by :class:`_PlainUnpickler`. A file large enough to hold the official file's
+    images must be the official file: its checksum is verified before it is parsed."""
     try:
         raw = path.read_bytes()
-        batch = pickle.loads(raw, encoding="bytes")
-    except Exception as exc:
-        raise UserError(f"cannot read CIFAR batch {path}: {type(exc).__name__}: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read CIFAR batch {path}: {exc.strerror or exc}") from None
+    if official is not None and len(raw) >= official[0] * 3 * 32 * 32:
+        verify_md5(path, raw, official[1])
+    try:
+        batch = _PlainUnpickler(io.BytesIO(raw), path).load()
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - truncated, corrupt, not a pickle: all one answer
+        raise UserError(f"cannot read CIFAR batch {path}: {type(exc).__name__}: {clip(str(exc))}") from None
     if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
         raise UserError(f"{path} is not a CIFAR batch (needs keys b'data' and {label_key!r})")
-    data = np.asarray(batch[b"data"])
-    labels = np.asarray(batch[label_key], dtype=np.int64)
+    try:
+        data = np.asarray(batch[b"data"])
+        labels = np.asarray(batch[label_key], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        raise UserError(f"{path} is not a CIFAR batch (b'data' or {label_key!r} is not an array)") from None
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
         raise UserError(f"{path}: data must be uint8 [N, 3072], got {data.dtype} {data.shape}")
     if labels.shape != (len(data),) or (len(labels) and (labels.min() < 0 or labels.max() >= num_classes)):
         raise UserError(f"{path}: expected {len(data)} labels in 0..{num_classes - 1}")
-    if official is not None and len(data) == official[0]:
-        verify_md5(path, raw, official[1])
     return data.reshape(-1, 3, 32, 32), labels
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from fedpcd.errors import UserError
+from fedpcd.errors import UserError, short
 from fedpcd.registry import Registry
+from fedpcd.utils import read_json, show_path
 
 PARTITIONERS: Registry[Callable[..., list[np.ndarray]]] = Registry("partition scheme")
 
@@ -139,7 +139,7 @@ def local_test_split(
 ) -> list[np.ndarray]:
     """Cut the official test set into local test splits whose class mix follows each client's train mix.
 
-    FedGELA's per-client test split (specs/fedgela.md section 4), driven by the realised train counts: for
+    FedGELA's per-client test split (docs/design.md section 8), driven by the realised train counts: for
     each class c, shuffle the test indices of c and give client j the slice between cut points
     floor(cumsum(share) * n_c), where share_j = train_counts[j, c] / sum_j train_counts[j, c]. The splits are
     disjoint; a class that no client holds is left unused.
@@ -189,7 +189,7 @@ def dirichlet(
     cap_fair_share: bool = False,
     max_retries: int = 1000,
 ) -> list[np.ndarray]:
-    """Dirichlet label skew (the paper recipe of FedGELA / FedSC / FedNH, specs/fedgela.md section 4).
+    """Dirichlet label skew (the recipe of the FedGELA, FedSC and FedNH papers; FedGELA App. C.2).
 
     For each class c: q ~ Dir(beta * 1_K), shuffle the indices of c and cut them at floor(cumsum(q) * n_c).
     The whole draw is repeated until every client holds >= ``min_size`` samples (MOON's loop; at most
@@ -267,7 +267,7 @@ def pathological(
     classes_per_client: int = 2,
     legacy_duplicate: bool = False,
 ) -> list[np.ndarray]:
-    """Pathological "PxCy" (FedMR App. C.1.2 / FedGELA ``partition_class``; specs/fedmr.md section 4).
+    """Pathological "PxCy" (FedMR App. C.1.2; ``partition_class`` of the FedMR and FedGELA official code).
 
     Class assignment: a counter runs over classes 0..C-1; for client i = 0..K-1 and each of its
     ``classes_per_client`` slots, take the next class in order while the counter is < C, otherwise a uniformly
@@ -332,7 +332,7 @@ def shards(
     *,
     shards_per_client: int = 2,
 ) -> list[np.ndarray]:
-    """FedAvg's shards (McMahan et al. 2017; specs/fednh.md section 4).
+    """FedAvg's shards (McMahan et al., AISTATS 2017; also the FedNH benchmark code's ``shards``).
 
     Sort the indices by label (random order within a label), cut them into K * shards_per_client near-equal
     contiguous shards (np.array_split) and give each client ``shards_per_client`` shards drawn at random
@@ -366,7 +366,7 @@ def longtail(
     rho: float = 10.0,
     then: dict = _LONGTAIL_THEN,  # a module constant, never mutated; scheme_params deep-copies it
 ) -> list[np.ndarray]:
-    """Long-tailed global pool, then another scheme (FedSC Table 2; specs/fedsc.md section 4).
+    """Long-tailed global pool, then another scheme (FedSC, Wang et al., KDD 2025, Sec. 5.1 and Table 2).
 
     Class sizes follow the exponential profile of LDAM (Cao et al. 2019): n_c = floor(n_max * rho^(-c/(C-1)))
     with n_max the largest class size (a class with fewer samples keeps all it has). A seeded random subset of
@@ -430,7 +430,7 @@ def fedssa(
     classes_per_client: int = 2,
     rule: str = "distinct",
 ) -> list[np.ndarray]:
-    """FedSSA's "k of S classes per client" (pFedHN style; specs/fedssa.md section 4, steps 1-3).
+    """FedSSA's "k of S classes per client" (Sec. 6.1, pFedHN style; steps 1-3 as in its official code).
 
     1. m = ceil(k*K/S) proportion slots per class: u_1..u_m ~ U(0.4, 0.6), p_c = u / sum(u); counter r_c = m.
     2. For client i = 0..K-1, k times: pick c uniformly among the classes with the largest r_c that the client
@@ -440,12 +440,12 @@ def fedssa(
        Disjoint; rounding leftovers (and the samples of unused slots) are dropped; train and test class
        mixes agree.
 
-    Deviations, both invisible when S divides k*K (every setting in the paper): the spec's m = floor(k*K/S)
-    runs out of proportions (the official code crashes on ``pop``) when S does not divide k*K, so m is rounded
-    up; and a client never picks a class twice (the official rule can repeat a class when it is the sole
-    argmax). With these, every client always gets exactly k distinct classes. ``rule="official"`` keeps the
-    official pick (a class may be picked twice, the client then holds two chunks of it and fewer than k
-    distinct classes: spec pitfall P8); m stays rounded up.
+    Deviations, both invisible when S divides k*K (every setting in the paper): the official code's
+    m = floor(k*K/S) runs out of proportions (it crashes on ``pop``) when S does not divide k*K, so m is
+    rounded up; and a client never picks a class twice (the official rule can repeat a class when it is the
+    sole argmax). With these, every client always gets exactly k distinct classes. ``rule="official"`` keeps
+    the official pick (a class may be picked twice, the client then holds two chunks of it and fewer than k
+    distinct classes); m stays rounded up.
     """
     k = classes_per_client
     _require(
@@ -563,32 +563,30 @@ def explicit(
     """Client index lists from a JSON file: ``{"clients": [[i, ...], ...]}`` or ``{"0": [...], "1": [...]}``.
 
     Indices must be integers in [0, N) and must not repeat within or across clients; there must be exactly one
-    list per client. Samples listed by no client are unused.
+    list per client, and at least one index in all. Samples listed by no client are unused. A file that is
+    missing, unreadable, not JSON, nested deeper than its three levels or holding a number too long to read is
+    one line naming it.
     """
     _require(bool(path), "explicit partition needs 'path': a JSON file of client index lists")
     file = Path(path)
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise UserError(f"explicit partition file {str(file)!r} not found") from None
-    except OSError as exc:
-        raise UserError(f"explicit partition file {str(file)!r} cannot be read: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise UserError(f"explicit partition file {str(file)!r} is not valid JSON{where}") from None
+    data = read_json(file, "explicit partition file", max_depth=3)
 
     def bad(problem: str) -> UserError:
-        return UserError(f"explicit partition file {str(file)!r}: {problem}")
+        return UserError(f"explicit partition file {show_path(file)}: {problem}")
 
     shape = 'expected {"clients": [[indices...], ...]} or {"0": [...], "1": [...], ...}'
     if isinstance(data, dict) and set(data) == {"clients"}:
         lists = data["clients"]
         if not isinstance(lists, list):
             raise bad(f"'clients' must be a list of index lists; {shape}")
-    elif isinstance(data, dict) and data and all(isinstance(key, str) and key.isdigit() for key in data):
+    elif (
+        isinstance(data, dict)
+        and data
+        and all(isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 10 for key in data)
+    ):
         ids = sorted(int(key) for key in data)
         if ids != list(range(len(ids))) or len(ids) != len(data):
-            raise bad(f"client keys must be '0'..'{len(data) - 1}' without gaps, got {sorted(data)[:5]}...")
+            raise bad(f"client keys must be '0'..'{len(data) - 1}' without gaps, got {short(sorted(data))}")
         lists = [data[key] for key in sorted(data, key=int)]
     else:
         raise bad(shape)
@@ -601,11 +599,13 @@ def explicit(
             isinstance(v, int) and not isinstance(v, bool) for v in items
         ):
             raise bad(f"client {i}: expected a list of integer indices")
-        arr = np.asarray(items, dtype=np.int64)
-        if arr.size and (arr.min() < 0 or arr.max() >= n_total):
-            raise bad(f"client {i}: index out of range [0, {n_total}): {int(arr.min())}..{int(arr.max())}")
-        out.append(arr)
+        outside = next((v for v in items if not 0 <= v < n_total), None)  # before int64: 2**70 overflows
+        if outside is not None:
+            raise bad(f"client {i}: index out of range [0, {n_total}): {short(outside, 40)}")
+        out.append(np.asarray(items, dtype=np.int64))
     flat = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    if not flat.size:
+        raise bad("every client's list is empty; list at least one sample index")
     uniq, counts = np.unique(flat, return_counts=True)
     if (counts > 1).any():
         raise bad(f"index {int(uniq[counts > 1][0])} is listed more than once (clients must not overlap)")

@@ -9,28 +9,16 @@ architecture's reusable model object (exactly what a Flower ClientApp does for o
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from fedpcd.algorithms import FedAvg
 from fedpcd.algorithms.base import tensor_bytes
+from fedpcd.engine.client_result import ClientResult
 from fedpcd.engine.federation import Federation, client_step
 from fedpcd.engine.guard import NonFiniteError, model_nonfinite
 from fedpcd.errors import UserError
 
-
-@dataclass
-class ClientResult:
-    """One participant's round: its reply, personal metrics (None when not evaluated) and message sizes."""
-
-    client: int
-    reply: dict[str, Any]
-    metrics: dict[str, Any] | None
-    bytes_down: int
-    bytes_up: int
-    # what the client raised (its reply is then empty and it is left out of aggregation, see engine/guard.py);
-    # a guard.NonFiniteError when it failed on non-finite weights (a divergence)
-    error: BaseException | None = None
+__all__ = ["ClientResult", "train_clients", "train_sequential"]
 
 
 def train_clients(
@@ -45,7 +33,7 @@ def train_clients(
     """Train (and, if ``evaluate``, personally evaluate) the participants ``ids`` of round ``rnd``.
 
     ``client_states`` is updated in place (a None state does not erase a stored one). ``engine.executor``:
-    ``vectorized`` trains the clients at once where the algorithm and round allow (engine/vectorized.py),
+    ``vectorized`` trains the clients at once where the algorithm and round allow (``engine.vectorized``),
     else sequentially with a warning; ``auto`` and ``sequential`` run them one after another. ``auto`` stays
     sequential while the vectorized executor is only ~1.3x faster on a CPU and not bitwise equal to the
     sequential path that Flower's ClientApps and the archived results use (rounding-level differences).

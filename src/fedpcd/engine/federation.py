@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, build_algorithm
+from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, LocalWork, build_algorithm
 from fedpcd.config import Config
 from fedpcd.data.datasets import Dataset, load_dataset
 from fedpcd.data.partition import Partition, make_partition
@@ -211,15 +211,17 @@ def client_step(
     (on the full test set, or with ``full_test=False`` on the client's local test split only).
 
     Payload and state are moved to the model's device first (a no-op in the local simulator; over Flower
-    they arrive as CPU tensors). The generator is a CPU one on every device: the same batches everywhere."""
+    they arrive as CPU tensors). The generator is a CPU one on every device: the same batches everywhere.
+    The update's working values live in a fresh :class:`LocalWork`; the algorithm object is not written."""
     device = next(model.parameters()).device
     payload, state = to_device(payload, device), to_device(state, device)
     rng = torch.Generator().manual_seed(derive_seed(seed, rnd, data.id))
-    algorithm.round = rnd
-    reply, state = algorithm.local_update(model, data, payload, state, rng)
+    work = LocalWork(payload, state, rng, round=rnd)
+    reply, state = algorithm.local_update(model, data, work)
+    work.state = state  # what ``personal_predictor`` reads (local_update leaves it there too)
     metrics = None
     if evaluate:
-        predictor = algorithm.personal_predictor(model, payload, state)
+        predictor = algorithm.personal_predictor(model, work)
         if full_test:
             pred = predict(predictor, data.test_x)
             metrics = personal_metrics(pred, data.test_y, data.local_test_idx, data.label_counts)

@@ -1,4 +1,4 @@
-"""The metrics of DESIGN.md, defined once.
+"""The metrics of docs/design.md section 6, defined once.
 
 - GA: the global model's accuracy on the full, balanced test set.
 - A[k, c]: client k's personal model, accuracy on the test samples of class c (full test set).
@@ -20,25 +20,26 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from fedpcd.models import FedModel
+
 Predictor = Callable[[Tensor], Tensor]
 
 
 @torch.no_grad()
 def predict(predictor: Predictor, x: Tensor, batch_size: int = 512) -> Tensor:
-    """Arg-max class of ``predictor`` over ``x``, in batches (eval mode for modules; the ConvNet family
-    through its faster, bit-identical forward, engine/vectorized.py ``fast_predictor``)."""
+    """Arg-max class of ``predictor`` over ``x``, in batches (eval mode for modules; a model through its
+    ``inference_forward``, the same logits bit for bit: the ConvNet family's is faster)."""
     if isinstance(predictor, torch.nn.Module):
-        from fedpcd.engine.vectorized import fast_predictor
-
         predictor.eval()
-        predictor = fast_predictor(predictor)
+        if isinstance(predictor, FedModel):
+            predictor = predictor.inference_forward()
     return torch.cat([predictor(x[i : i + batch_size]).argmax(1) for i in range(0, len(x), batch_size)])
 
 
 @torch.no_grad()
 def predict_stacked(logits: Callable[[Tensor], Tensor], x: Tensor, batch_size: int = 512) -> Tensor:
     """Arg-max classes of M models at once: ``logits(x_chunk)`` is [M, n, C] (e.g. a vmap over stacked
-    personal models, engine/vectorized.py); returns [M, len(x)]. Each row equals :func:`predict` of that
+    personal models, the vectorized executor); returns [M, len(x)]. Each row equals :func:`predict` of that
     model up to ties within float rounding."""
     return torch.cat([logits(x[i : i + batch_size]).argmax(-1) for i in range(0, len(x), batch_size)], dim=1)
 

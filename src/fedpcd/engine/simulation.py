@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from fedpcd.engine.federation import (
     Federation,
     build_federation,
     global_evaluation,
+    resolve_device,
     sample_clients,
     set_threads,
 )
@@ -33,6 +34,8 @@ from fedpcd.engine.guard import check_server, screen_replies, warn
 from fedpcd.engine.metrics import accuracy, predict
 from fedpcd.engine.rundir import (
     RunDir,
+    check_allowed_changes,
+    check_checkpoint,
     checkpoint_records,
     checkpoint_state,
     restore_rng,
@@ -84,27 +87,38 @@ def aggregate_round(
     return server
 
 
-def run_local(config: Config, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+def run_local(
+    config: Config, resume: bool = False, progress: bool = True, allow_changes: Sequence[str] = ()
+) -> dict[str, Any]:
     """Run (or resume) an experiment in-process; writes the run directory and returns the summary.
 
-    The run directory is locked for the run (a second process on it gets a UserError naming this one)."""
+    The run directory is locked for the run (a second process on it gets a UserError naming this one). A
+    resume refuses a checkpoint written with another config, but for the ``allow_changes`` keys
+    (``rundir.RESUME_CHANGES``)."""
     set_threads(config)
     run_dir = RunDir(config.output_dir)
     if not resume:
-        run_dir.check_new()  # before loading any data
+        run_dir.check_new(config)  # before loading any data
     with run_dir.lock():
-        return _run_locked(config, run_dir, resume, progress)
+        return _run_locked(config, run_dir, resume, progress, allow_changes)
 
 
-def _run_locked(config: Config, run_dir: RunDir, resume: bool, progress: bool) -> dict[str, Any]:
+def _run_locked(
+    config: Config, run_dir: RunDir, resume: bool, progress: bool, allow_changes: Sequence[str]
+) -> dict[str, Any]:
+    ckpt = None
+    if resume and run_dir.checkpoint.exists():  # checked before any data is loaded
+        ckpt = run_dir.load_checkpoint(resolve_device(config.engine.device))
+        check_checkpoint(ckpt, run_dir.checkpoint, config, allow_changes)
+        if ckpt["round"] < config.rounds:
+            run_dir.discard_summary()  # of a finished run whose rounds were raised: it goes on
     fed = build_federation(config)
     algorithm = fed.new_algorithm()
-    ckpt = run_dir.load_checkpoint(fed.device) if resume and run_dir.checkpoint.exists() else None
     if ckpt is not None:
         server, start, wall = ckpt["server"], ckpt["round"], float(ckpt.get("wall_s", 0.0))
         client_states = state_store_for(config, fed.device)
         client_states.replace(ckpt["client_states"])  # disk: files written after the checkpoint are undone
-        records = checkpoint_records(ckpt)
+        records = checkpoint_records(ckpt, run_dir.checkpoint)
         if records is None:  # a checkpoint written before checkpoints held the metrics
             records = run_dir.truncate(start)
         else:  # metrics.jsonl as it was at the checkpoint (drops rounds after it and any torn line)
@@ -174,20 +188,26 @@ def _run_locked(config: Config, run_dir: RunDir, resume: bool, progress: bool) -
         wall += round_wall
         every = config.engine.checkpoint_every
         if every and (rnd % every == 0 or rnd == config.rounds):
-            run_dir.save_checkpoint(checkpoint_state(rnd, server, client_states, wall, records))
+            run_dir.save_checkpoint(checkpoint_state(rnd, server, client_states, wall, records, config))
     bar.close()
     summary = summary_of(records, wall, config.rounds)
     run_dir.write_summary(summary)
     return summary
 
 
-def resume_run(run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+def resume_run(
+    run_dir: str | Path, progress: bool = True, allow_changes: Sequence[str] = ()
+) -> dict[str, Any]:
     """Continue an interrupted run from its last checkpoint, with its own resolved config.
 
     A run killed before its first checkpoint restarts from round 0 (its config.yaml is kept); a finished
-    run (summary.json) is not run again: its summary is returned."""
+    run (summary.json) is not run again: its summary is returned, unless ``rounds`` was raised (allowed in
+    ``allow_changes``): then it goes on. A config.yaml changed since the checkpoint is refused with a
+    one-line diff, but for the ``allow_changes`` keys (only ``rundir.RESUME_CHANGES`` may be given)."""
+    check_allowed_changes(allow_changes)
     path = Path(run_dir)
     rd = RunDir(path)
+    rd.check_links()
     if not (path / "config.yaml").is_file():
         if rd.checkpoint.exists():
             raise UserError(f"{path} has a checkpoint but no config.yaml: it cannot be resumed")
@@ -196,10 +216,15 @@ def resume_run(run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
         )
     config = load_config(path / "config.yaml", [f"output_dir={path}"])
     if (path / "summary.json").exists():
-        return rd.read_summary()
+        if not rd.checkpoint.exists():
+            return rd.read_summary()
+        ckpt = rd.load_checkpoint()
+        check_checkpoint(ckpt, rd.checkpoint, config, allow_changes)
+        if ckpt["round"] >= config.rounds:
+            return rd.read_summary()
     if not rd.checkpoint.exists():
         warn(f"{path} has no checkpoint (stopped before its first one): restarting it from round 0")
-    return run_local(config, resume=True, progress=progress)
+    return run_local(config, resume=True, progress=progress, allow_changes=allow_changes)
 
 
 def _fmt(value: float | None) -> str:

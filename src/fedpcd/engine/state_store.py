@@ -7,6 +7,8 @@ FedAvg, which stores nothing), so thousands of clients fit. Two backends (``engi
   storage is cloned, so a state never keeps a bigger tensor (a whole reply, a batch) alive.
 - ``disk``: one file per client, ``<output_dir>/client_states/<id>.pt``, written atomically (temp file +
   rename) with CPU tensors and read back with ``torch.load(weights_only=True)`` onto the run's device.
+  The folder and its files are never symbolic links (refused: writing or deleting there would change what
+  they point to), and a failed write or a file that does not load is one line naming the file.
   Only the round's participants are in memory at a time; a store reopened on the same directory (resume)
   sees the files already there.
 
@@ -26,7 +28,7 @@ import torch
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.config import Config
 from fedpcd.engine.federation import to_device
-from fedpcd.utils import atomic_write
+from fedpcd.engine.rundir import load_weights_only, refuse_link, safe_write, writing
 
 Backend = Literal["memory", "disk"]
 SUFFIX = ".pt"
@@ -70,7 +72,9 @@ class ClientStateStore(MutableMapping[int, Any]):
         self.directory = Path(directory) if directory is not None else None
         if backend == "disk":
             assert self.directory is not None
-            self.directory.mkdir(parents=True, exist_ok=True)
+            refuse_link(self.directory)
+            with writing(self.directory):
+                self.directory.mkdir(parents=True, exist_ok=True)
             self._keys = {
                 int(p.stem) for p in self.directory.glob(f"*{SUFFIX}") if p.stem.isdigit()
             }  # files of a run being resumed
@@ -85,7 +89,7 @@ class ClientStateStore(MutableMapping[int, Any]):
             return self._data[key]
         if key not in self._keys:
             raise KeyError(key)
-        return torch.load(self._path(key), weights_only=True, map_location=self.device)
+        return load_weights_only(self._path(key), self.device, "client state")
 
     def __setitem__(self, key: int, value: Any) -> None:
         key = int(key)
@@ -94,7 +98,8 @@ class ClientStateStore(MutableMapping[int, Any]):
             self._data[key] = state
             return
         cpu_state = to_device(state, "cpu")
-        atomic_write(self._path(key), lambda fh: torch.save(cpu_state, fh), mode="wb")
+        assert self.directory is not None
+        safe_write(self._path(key), lambda fh: torch.save(cpu_state, fh), "wb", root=self.directory.parent)
         self._keys.add(key)
 
     def __delitem__(self, key: int) -> None:
@@ -103,8 +108,12 @@ class ClientStateStore(MutableMapping[int, Any]):
             return
         if key not in self._keys:
             raise KeyError(key)
-        self._path(key).unlink(missing_ok=True)
+        self._unlink(key)
         self._keys.discard(key)
+
+    def _unlink(self, key: int) -> None:
+        with writing(self._path(key)):
+            self._path(key).unlink(missing_ok=True)
 
     def __iter__(self) -> Iterator[int]:
         return iter(sorted(self._data) if self.backend == "memory" else sorted(self._keys))
@@ -122,7 +131,7 @@ class ClientStateStore(MutableMapping[int, Any]):
             self._data.clear()
             return
         for key in list(self._keys):
-            self._path(key).unlink(missing_ok=True)
+            self._unlink(key)
         self._keys.clear()
 
     def to_dict(self) -> dict[int, Any]:

@@ -14,7 +14,7 @@ Two ways in:
 - the module-level ``app`` for ``flwr run`` (``flower-app/pyproject.toml``); it reads the run config keys
   ``config-file`` (a fedpcd YAML; relative paths are tried against the working directory, then the app
   directory), ``overrides`` (space-separated ``KEY=VALUE`` fedpcd overrides), ``node-timeout`` and
-  ``round-timeout`` (seconds).
+  ``round-timeout`` (seconds) and ``adapt-clients`` (true: ``clients`` follows the number of SuperNodes).
 """
 
 from __future__ import annotations
@@ -130,6 +130,45 @@ class PollingGrid(Grid):
             if pending:
                 time.sleep(self.interval)
         return out
+
+
+def federation_size(grid: Grid, timeout: float) -> int | None:
+    """The ``num-partitions`` the first SuperNode to connect reports (None where its node config has none),
+    so that a federation of the wrong size is named in seconds instead of after ``timeout``."""
+    end = time.monotonic() + timeout
+    while not (node_ids := list(grid.get_node_ids())):
+        if isinstance(grid, PollingGrid):
+            grid.check_stop()
+        if time.monotonic() > end:
+            raise UserError(f"no SuperNode connected within {timeout:.0f} s")
+        time.sleep(0.2)
+    task = RecordDict({TASK: ConfigRecord({"action": DISCOVER})})
+    ask = Message(task, message_type=MessageType.QUERY, dst_node_id=node_ids[0])
+    (reply,) = grid.send_and_receive([ask], timeout=timeout)
+    raise_for_error(reply, "SuperNode discovery")
+    info = reply.content[TASK]
+    return int(info["num-partitions"]) if "num-partitions" in info else None
+
+
+def fit_to_federation(config: Config, size: int | None, adapt: bool) -> Config:
+    """``config``, or with ``adapt`` a copy whose ``clients`` is the federation's ``size`` (logged); a size
+    that differs and may not be adapted is a UserError saying what to pass."""
+    if size is None or size == config.clients:
+        return config
+    if not adapt:
+        raise UserError(
+            f"the federation has {size} SuperNodes (num-partitions={size}) but the config has "
+            f"clients={config.clients}: start {config.clients} SuperNodes (flwr run . --federation-config "
+            f'"num-supernodes={config.clients}") or pass --run-config "overrides=\'clients={size}\'"'
+        )
+    LOG.warning(
+        "fedpcd: %d SuperNodes found, so clients=%d instead of the config's %d "
+        "(run config adapt-clients=false refuses instead)",
+        size,
+        size,
+        config.clients,
+    )
+    return Config.model_validate({**config.model_dump(), "clients": size})
 
 
 def discover(grid: Grid, num_clients: int, timeout: float, config: str | None = None) -> dict[int, int]:
@@ -330,7 +369,8 @@ class FedpcdStrategy(Strategy):
         if self.clients_keep_state:
             self.run_dir.checkpoint.unlink(missing_ok=True)  # incomplete without the nodes' states
             return
-        self.run_dir.save_checkpoint(checkpoint_state(rnd, self.server, {}, self.wall, self.records))
+        state = checkpoint_state(rnd, self.server, {}, self.wall, self.records, self.config)
+        self.run_dir.save_checkpoint(state)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -368,18 +408,24 @@ def serve(
     node_timeout: float = 300.0,
     round_timeout: float = 3600.0,
     stop: threading.Event | None = None,
+    adapt_clients: bool = False,
 ) -> dict[str, Any]:
     """The whole run on the server side: discovery, the rounds, the run directory; returns the summary.
 
-    A ClientApp that raises or does not reply within ``round_timeout`` seconds is left out of its round
-    (engine/guard.py); ``stop`` set from another thread ends the run at the next poll (:class:`Interrupted`).
-    The run directory is locked while the run lasts."""
+    The first SuperNode's ``num-partitions`` is checked against ``clients`` at once (``adapt_clients``: the
+    config follows the federation's size instead). A ClientApp that raises or does not reply within
+    ``round_timeout`` seconds is left out of its round (engine/guard.py); ``stop`` set from another thread
+    ends the run at the next poll (:class:`Interrupted`). The run directory is locked while the run lasts."""
+    fast = PollingGrid(grid, stop=stop)
+    config = fit_to_federation(
+        config, federation_size(fast, node_timeout), adapt_clients and federation is None
+    )
     set_threads(config)
     fed = federation if federation is not None else build_federation(config)
     run_dir = RunDir(config.output_dir)
     run_dir.check_new()
+    LOG.info("fedpcd: run directory %s", run_dir.path.resolve())
     with run_dir.lock():
-        fast = PollingGrid(grid, stop=stop)
         nodes = discover(fast, config.clients, node_timeout, config_text(config))
         train_y, test_y = fed.dataset.train_y.numpy(), fed.dataset.test_y.numpy()
         run_dir.create(config, partition_json(fed.partition, train_y, test_y))
@@ -438,16 +484,22 @@ def make_server_app(
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         rc = context.run_config
-        cfg = config if config is not None else config_from_run_config(rc, grid)
-        summary = serve(
-            grid,
-            cfg,
-            federation=federation,
-            progress=progress,
-            node_timeout=float(rc.get("node-timeout", 300.0)),
-            round_timeout=float(rc.get("round-timeout", 3600.0)),
-            stop=stop,
-        )
+        try:
+            summary = serve(
+                grid,
+                config if config is not None else config_from_run_config(rc, grid),
+                federation=federation,
+                progress=progress,
+                node_timeout=float(rc.get("node-timeout", 300.0)),
+                round_timeout=float(rc.get("round-timeout", 3600.0)),
+                stop=stop,
+                adapt_clients=config is None and bool(rc.get("adapt-clients", True)),
+            )
+        except UserError as exc:
+            if config is not None:  # in-process (fedpcd run backend=flower): the caller reports it
+                raise
+            LOG.error("fedpcd: error: %s", exc)  # `flwr run`: one line, not a traceback
+            return
         if result is not None:
             result["summary"] = summary
         if on_finish is not None:

@@ -13,11 +13,15 @@ left behind once the run's process is gone.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fedpcd.config import Config
@@ -106,6 +110,10 @@ def _run_simulation(
     threads_before = set(threading.enumerate())
     main_thread = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None  # ray.init replaces it
+    deadline: list[threading.Timer] = []  # started by Ctrl-C, cancelled once the clean-up is done
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    sigint = signal.signal(signal.SIGINT, _on_sigint(stop, deadline)) if main_thread else None
     with _env.flower_home() as base, _env.quiet_flower(verbose), warnings.catch_warnings():
         started: set[procs.Proc] = set()
         warnings.simplefilter("ignore", FutureWarning)
@@ -135,10 +143,16 @@ def _run_simulation(
             )
         finally:  # also on Ctrl-C (KeyboardInterrupt) and SIGTERM (Ray's handler raises SystemExit)
             stop.set()
-            _join_new_threads(threads_before, timeout=10.0)
+            _join_new_threads(threads_before, timeout=5.0)
             sampler.join()
             started.update(procs.descendants(os.getpid()) - before)
+            # ClientApps still training: stopping them makes Flower's message workers, which wait for
+            # them in ray.get, fail cleanly (ActorDiedError) before Ray is shut down under them
+            flwr_log.setLevel(logging.CRITICAL)  # the workers' ActorDiedErrors are expected
+            procs.stop(p for p in started if procs.alive(p) and _is_client_app(p))
+            _join_new_threads(threads_before, timeout=5.0, workers=True)
             _shutdown_ray()
+            flwr_log.setLevel(level)
             # ... and any process left with this run's RAY_TMPDIR in its environment (not the watchdog)
             ours = (guard.pid, os.getpid())
             started.update(p for p in watchdog.with_env_mark(str(base)) if p[0] not in ours)
@@ -146,6 +160,10 @@ def _run_simulation(
             watchdog.release(guard)
             if sigterm is not None:
                 signal.signal(signal.SIGTERM, sigterm)
+            if sigint is not None:
+                signal.signal(signal.SIGINT, sigint)
+            for timer in deadline:
+                timer.cancel()
     if leftover:  # pragma: no cover - depends on the OS
         raise RuntimeError(f"could not stop processes {sorted(p for p, _ in leftover)} left by Ray")
     if "summary" not in result:
@@ -156,23 +174,62 @@ def _run_simulation(
     return result["summary"]
 
 
+STOP_DEADLINE_S = 8.0  # after Ctrl-C, the most the clean-up may take before the process ends anyway
+
+
+def _on_sigint(stop: threading.Event, deadline: list[threading.Timer]) -> Callable[[int, Any], None]:
+    """Ctrl-C: tell the ServerApp to stop polling at once (so Flower winds down even where it does not let the
+    KeyboardInterrupt through), then raise it; should the clean-up still hang (a Flower or Ray thread that
+    never returns), end the process after STOP_DEADLINE_S: the watchdog stops Ray's processes then."""
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)  # ClientApps stopped mid-update: expected errors
+        timer = threading.Timer(STOP_DEADLINE_S, _end_now)
+        timer.daemon = True
+        timer.start()
+        deadline.append(timer)
+        raise KeyboardInterrupt
+
+    return handler
+
+
+def _end_now() -> None:
+    print(f"fedpcd: interrupted (Flower did not stop within {STOP_DEADLINE_S:.0f} s)", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def _sample(into: set[procs.Proc], before: set[procs.Proc], stop: threading.Event) -> None:
     """Add this process's new descendants to ``into`` every second until ``stop`` is set."""
     while not stop.wait(1.0):
         into.update(procs.descendants(os.getpid()) - before)
 
 
-def _join_new_threads(before: set[threading.Thread], timeout: float) -> None:
-    """Wait (up to ``timeout`` s in all) for the threads started since ``before`` (the ServerApp's)."""
+def _join_new_threads(before: set[threading.Thread], timeout: float, workers: bool = False) -> None:
+    """Wait (up to ``timeout`` s in all) for the threads started since ``before``: the ServerApp's, which
+    stops polling once ``stop`` is set, or with ``workers`` Flower's message workers, which wait for a
+    ClientApp in ``ray.get`` (a whole local update) unless the ClientApp was stopped."""
     end = time.monotonic() + timeout
     for thread in set(threading.enumerate()) - before:
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join(max(0.0, end - time.monotonic()))
+        if thread is threading.current_thread() or thread.daemon or _is_message_worker(thread) != workers:
+            continue
+        thread.join(max(0.0, end - time.monotonic()))
+
+
+def _is_client_app(proc: procs.Proc) -> bool:
+    """A Ray worker process running a ClientApp actor (Ray names its process ``ray::ClientAppActor``)."""
+    try:
+        return Path(f"/proc/{proc[0]}/cmdline").read_bytes().startswith(b"ray::ClientAppActor")
+    except OSError:
+        return False
+
+
+def _is_message_worker(thread: threading.Thread) -> bool:
+    return thread.name.startswith("ThreadPoolExecutor")  # Flower's vce_api runs messages in such a pool
 
 
 def _shutdown_ray() -> None:
-    import sys
-
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable
@@ -32,6 +33,17 @@ class FedModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits, shape ``[B, num_classes]``."""
         return self.head(self.features(x))
+
+    def inference_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """What predictions call (no gradient, eval mode): ``self(x)`` bit for bit; an architecture with a
+        faster kernel for the same numbers returns that. Default: the model itself."""
+        return self
+
+    def vmap_copy(self) -> nn.Module:
+        """A copy of the model that the vectorized executor calls through ``torch.func.functional_call`` and
+        vmaps over the clients' stacked tensors; an architecture may give it batched kernels with the same
+        results up to float rounding. Default: a deep copy."""
+        return copy.deepcopy(self)
 
 
 Builder = Callable[..., FedModel]

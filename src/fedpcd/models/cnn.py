@@ -1,4 +1,4 @@
-"""Small CNNs and the MLP: the papers' Simple-CNN and the FedSSA CNN zoo (specs/fedssa.md section 3).
+"""Small CNNs and the MLP: the papers' Simple-CNN and the FedSSA CNN zoo (Yi et al., IJCAI 2024, Table 4).
 
 All conv models here share one shape: conv 5x5 (stride 1, no padding) -> ReLU -> max-pool 2x2, twice, then
 flatten -> FC1 -> ReLU -> FC2 -> ReLU (= z) -> linear head. Flatten sizes are computed from the input size.
@@ -8,12 +8,17 @@ dimensions off, which feature-space losses like FedMR's decorrelation reward (do
 
 from __future__ import annotations
 
+import functools
+import types
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedpcd.errors import UserError
 from fedpcd.models.base import FedModel, register_model
+from fedpcd.models.fast_convnet import batched_features, convnet_logits
 
 KERNEL = 5
 
@@ -64,6 +69,21 @@ class ConvNet(FedModel):
         z = self.fc2(F.relu(self.fc1(x)))
         return F.relu(z) if self.feature_relu else z
 
+    def inference_forward(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:func:`~fedpcd.models.fast_convnet.convnet_logits`: a faster max-pool, the same logits bit for
+        bit; a subclass, which may change the forward, gets the model itself."""
+        if type(self) is not ConvNet:
+            return super().inference_forward()
+        return functools.partial(convnet_logits, self)
+
+    def vmap_copy(self) -> nn.Module:
+        """A deep copy whose ``features`` is :func:`~fedpcd.models.fast_convnet.batched_features` (per-client
+        convolution kernels under vmap); a subclass's copy keeps its own ``features``."""
+        twin = super().vmap_copy()
+        if type(self) is ConvNet:
+            twin.features = types.MethodType(batched_features, twin)  # type: ignore[method-assign]
+        return twin
+
 
 @register_model("simplecnn", accepts=_accepts_conv)
 def simplecnn(in_channels: int, num_classes: int, image_size: int, feature_relu: bool = True) -> FedModel:
@@ -85,7 +105,7 @@ def conv2cifar(in_channels: int, num_classes: int, image_size: int) -> FedModel:
     return model
 
 
-# FedSSA (Yi et al.) Table 4, specs/fedssa.md section 3: (conv1 out, conv2 out, FC1 out); FC2 -> 500 is z.
+# FedSSA (Yi et al., IJCAI 2024) App. B, Table 4: (conv1 out, conv2 out, FC1 out); FC2 -> 500 is z.
 CNN_ZOO: dict[str, tuple[int, int, int]] = {
     "cnn1": (16, 32, 2000),
     "cnn2": (16, 16, 2000),

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fedpcd.errors import UserError
+from fedpcd.errors import UserError, clip, short
+from fedpcd.utils import parse_json, path_error, read_json, show_path
 
 METRICS = [
     ("global_acc", "GA"),
@@ -56,33 +55,144 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def current_form(config: dict[str, Any]) -> dict[str, Any]:
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bad_value(data: dict[str, Any], key: str, expected: str) -> str:
+    """'has no KEY' or 'KEY must be EXPECTED, got VALUE'."""
+    if key not in data:
+        return f"it has no '{key}'"
+    return f"'{key}' must be {expected}, got {short(data[key])}"
+
+
+def _readable_partition(part: Any) -> bool:
+    if not isinstance(part, dict) or not isinstance(part.get("scheme"), str):
+        return False
+    if any(key in part and not _is_number(part[key]) for key in ("beta", "rho", "classes_per_client")):
+        return False
+    return part.get("then") is None or _readable_partition(part["then"])
+
+
+def _readable_config(config: dict[str, Any]) -> bool:
+    """Whether a config that no longer validates still has, well-typed, the keys the report reads."""
+    algorithm = config.get("algorithm")
+    if not isinstance(algorithm, dict) or not isinstance(algorithm.get("name"), str):
+        return False
+    whole = [config.get("seed"), config.get("clients")]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in whole):
+        return False
+    return _readable_partition(config.get("partition"))
+
+
+def current_form(config: dict[str, Any], path: str | Path = "config.yaml") -> dict[str, Any]:
     """A run's config with the keys added since it was written filled with their defaults, so runs made
-    by an older fedpcd group with new ones (unchanged if it no longer validates)."""
+    by an older fedpcd group with new ones (as written if it no longer validates but still has the keys the
+    report reads; otherwise a UserError naming ``path``)."""
     from fedpcd.config import config_from_dict
 
     try:
         return config_from_dict(config).to_dict()
-    except UserError:
-        return config
+    except UserError as exc:
+        reason = str(exc)
+    plain = json.loads(json.dumps(config, default=str))  # YAML dates and the like as text
+    if not _readable_config(plain):
+        raise UserError(f"config file {show_path(path)} is not a fedpcd run config: {clip(reason, 160)}")
+    return plain
+
+
+_RECORD_NUMBERS = [key for key, _ in METRICS] + ["bytes_up", "bytes_down"]
+
+
+def _record_problem(record: Any) -> str | None:
+    """What makes a metrics.jsonl record unusable (None for a good one)."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    if isinstance(record.get("round"), bool) or not isinstance(record.get("round"), int):
+        return _bad_value(record, "round", "a whole number")
+    for key in _RECORD_NUMBERS:
+        if record.get(key) is not None and not _is_number(record[key]):
+            return f"'{key}' must be a number, got {short(record[key])}"
+    per_class = record.get("global_class_acc")
+    if per_class is not None and (
+        not isinstance(per_class, list) or not all(v is None or _is_number(v) for v in per_class)
+    ):
+        return "'global_class_acc' must be a list of numbers"
+    return None
+
+
+def read_user_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{what} {show_path(path)} not found") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {show_path(path)} is not UTF-8 text (byte {exc.start})") from None
+    except (OSError, ValueError) as exc:
+        raise path_error(path, exc, f"read {what}") from None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl as records; a line that is not a usable record is one line naming the file and
+    the line number."""
+    path = Path(path)
+    records = []
+    lengths = set()
+    for number, line in enumerate(read_user_text(path, "metrics file").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"metrics file {show_path(path)} line {number}"
+        record = parse_json(line, where, lines=False)
+        problem = _record_problem(record)
+        if problem is not None:
+            raise UserError(f"{where}: {problem}")
+        if record.get("global_class_acc") is not None:
+            lengths.add(len(record["global_class_acc"]))
+        records.append(record)
+    if len(lengths) > 1:
+        raise UserError(f"metrics file {show_path(path)}: 'global_class_acc' changes length between rounds")
+    return records
+
+
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """A run's summary.json; anything but a JSON object with whole-number 'rounds' and numeric 'wall_s' is
+    one line naming the file."""
+    summary = read_json(path, "summary file")
+    problem = None
+    if not isinstance(summary, dict):
+        problem = f"expected a JSON object, got {type(summary).__name__}"
+    elif isinstance(summary.get("rounds"), bool) or not isinstance(summary.get("rounds"), int):
+        problem = _bad_value(summary, "rounds", "a whole number")
+    elif not _is_number(summary.get("wall_s")):
+        problem = _bad_value(summary, "wall_s", "a number")
+    if problem is not None:
+        raise UserError(f"summary file {show_path(path)} is not a fedpcd summary: {problem}")
+    return summary
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError) as exc:
+        raise path_error(path, exc, "read") from None
 
 
 def load_runs(root: str | Path) -> list[Run]:
-    """Every finished run (a folder with summary.json) below ``root``."""
+    """Every finished run (a folder with summary.json) below ``root``; a run file that is missing, unreadable
+    or malformed is one line naming it."""
+    from fedpcd.config import read_yaml  # aliases, deep nesting and huge numbers refused
+
     root = Path(root)
-    if not root.exists():
-        raise UserError(f"runs folder not found: {root}")
+    if not _exists(root):
+        raise UserError(f"runs folder not found: {show_path(root)}")
     runs = []
     for summary_path in sorted(root.rglob("summary.json")):
         folder = summary_path.parent
-        config = _read(folder / "config.yaml", yaml.safe_load)
-        records = _read(folder / "metrics.jsonl", _json_lines)
-        summary = _read(summary_path, json.loads)
-        if not isinstance(config, dict) or not isinstance(summary, dict):
-            raise UserError(f"{folder} is not a fedpcd run directory (config.yaml or summary.json malformed)")
-        runs.append(Run(folder, current_form(config), records, summary))
+        config = current_form(read_yaml(folder / "config.yaml"), folder / "config.yaml")
+        records = read_metrics(folder / "metrics.jsonl")
+        runs.append(Run(folder, config, records, read_summary(summary_path)))
     if not runs:
-        raise UserError(f"no finished runs (folders with summary.json) below {root}")
+        raise UserError(f"no finished runs (folders with summary.json) below {show_path(root)}")
     return runs
 
 
@@ -94,18 +204,6 @@ def unfinished_runs(root: str | Path) -> list[str]:
         for p in root.rglob("config.yaml")
         if not (p.parent / "summary.json").exists()
     )
-
-
-def _json_lines(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def _read(path: Path, parse: Callable[[str], Any]) -> Any:
-    """A run file parsed by ``parse``; a missing or corrupt file is a UserError naming it."""
-    try:
-        return parse(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        raise UserError(f"cannot read {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
 
 
 def last_values(records: list[dict[str, Any]], key: str, last: int) -> list[float]:
@@ -171,8 +269,9 @@ def reference_runs(runs: list[Run], algorithm: str) -> dict[str, Run]:
 
 
 def mean_bytes(records: list[dict[str, Any]], key: str) -> float:
-    """Mean communication of an evaluated round (``bytes_up`` or ``bytes_down``, all participants)."""
-    return statistics.fmean(r[key] for r in records) if records else 0.0
+    """Mean communication of an evaluated round (``bytes_up`` or ``bytes_down``, all participants; a run
+    written before traffic was recorded counts 0)."""
+    return statistics.fmean(r.get(key) or 0 for r in records) if records else 0.0
 
 
 def mean_std(values: list[float], signed: bool = False, scale: float = 100.0) -> str:
@@ -228,6 +327,31 @@ def setting_columns(varying: list[str], key: tuple) -> dict[str, str]:
     return {section: " ".join(cells.get(section, [])) or "-" for section in sections}
 
 
+def all_geometries(runs: list[Run]) -> dict[Path, dict[str, float | None]]:
+    """``run_geometry`` of every run that kept its checkpoint, with a progress bar (a local update per client
+    and run: minutes for a large folder)."""
+    from tqdm import tqdm
+
+    from fedpcd.engine.rundir import RunDir  # torch and the data: only when asked
+    from fedpcd.report.geometry import run_geometry
+
+    with_checkpoint = [r.path for r in runs if RunDir(r.path).checkpoint.exists()]
+    return {
+        p: run_geometry(p) for p in tqdm(with_checkpoint, desc="class-mean angles", unit="run", leave=False)
+    }
+
+
+def last_rounds_phrase(runs: list[Run], last: int, explain: bool = True) -> str:
+    """'the last N evaluated rounds' with the N the runs actually have (a run with fewer uses them all);
+    ``explain`` adds why N differs from ``last`` where it does."""
+    used = sorted({min(last, len(r.records)) for r in runs}) or [last]
+    n = str(used[0]) if len(used) == 1 else f"{used[0]}-{used[-1]}"
+    phrase = f"the last {n} evaluated round{'' if used == [1] else 's'}"
+    if explain and (used[-1] < last or len(used) > 1):
+        phrase += f" (of --last {last}: a run with fewer evaluated rounds is averaged over all of them)"
+    return phrase
+
+
 def report_table(
     runs: list[Run],
     last: int = 5,
@@ -266,6 +390,7 @@ def report_table(
         *TRAFFIC,
         "wall s",
     ]
+    geometries = all_geometries(runs) if geometry else {}
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, members in groups.items():
         cells = list(setting_columns(varying, key).values()) + [str(len(members))]
@@ -292,10 +417,7 @@ def report_table(
             every = [last_values(r.records, "global_acc", len(r.records)) for r in members]
             cells.append(mean_std([max(v) for v in every if v]))
         if geometry:
-            from fedpcd.engine.rundir import RunDir  # torch and the data: only when asked
-            from fedpcd.report.geometry import run_geometry
-
-            angles = [run_geometry(r.path) for r in members if RunDir(r.path).checkpoint.exists()]
+            angles = [geometries[r.path] for r in members if r.path in geometries]
             for key in GEOMETRY_COLUMNS:
                 cells.append(mean_std([a[key] for a in angles if a[key] is not None], scale=1.0))
         for x in rounds_to:
@@ -326,102 +448,12 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
                     if r.get(metric) is not None:
                         by_round.setdefault(r["round"], []).append(r[metric])
             rounds = sorted(by_round)
-            ax.plot(rounds, [100 * statistics.fmean(by_round[t]) for t in rounds], label=label)
+            if rounds:  # a method without this metric (no global model: no GA) gets no line and no entry
+                ax.plot(rounds, [100 * statistics.fmean(by_round[t]) for t in rounds], label=label)
             ax.set_title(title)
             ax.set_xlabel("round")
             ax.set_ylabel("accuracy (%)")
-    axes[0].legend(fontsize=7)
+    for ax in axes:
+        if ax.has_data():
+            ax.legend(fontsize=7)
     atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=110), mode="wb")
-
-
-def output_paths(out: str | Path) -> tuple[Path, Path]:
-    """(markdown file, figures folder) of ``--out``: a folder gets report.md inside; a path ending in .md is
-    the markdown file itself, its figures in the folder of the same stem beside it (docs/leaderboard.md and
-    docs/leaderboard/)."""
-    out = Path(out)
-    if out.suffix == ".md":
-        return out, out.with_suffix("")
-    return out / "report.md", out
-
-
-def write_report(
-    root: str | Path,
-    out: str | Path | None = None,
-    last: int = 5,
-    rounds_to: Sequence[float] = (),
-    paired_with: str | None = None,
-    with_swing: bool = False,
-    geometry: bool = False,
-    with_best: bool = False,
-    title: str | None = None,
-    notes: str | Path | None = None,
-) -> str:
-    """Print-ready markdown for the runs below ``root``; with ``out``, also written there with its figures
-    (see ``output_paths``). Runs of several methods in several settings also get the papers' layout
-    (``fedpcd.report.paper``: methods x settings tables, communication, per-setting curves, partitions).
-    ``title`` becomes a heading and the markdown file ``notes`` a preamble under it."""
-    from fedpcd.report.paper import METHOD_SECTION, build_grid, paper_sections
-
-    runs = load_runs(root)
-    table = report_table(runs, last, rounds_to, paired_with, with_swing, geometry, with_best)
-    note = ""
-    if paired_with is not None:
-        note += (
-            f" Δ vs {paired_with}: each run minus the {paired_with} run of the same setting and seed,"
-            " mean ± std over seeds, in points."
-        )
-    if with_swing:
-        note += f" GA swing: max - min of GA over those {last} rounds, in points."
-    if with_best:
-        note += " GA best: each run's highest GA over all its rounds."
-    if geometry:
-        note += (
-            " ∠: mean angle in degrees between centred class means on the test set: the global model over all"
-            " classes, each client's personal model over the classes it holds / lacks (FedGELA Fig. 3;"
-            " an ETF has 96.38 for 10 classes)."
-        )
-    if rounds_to:
-        note += " R<x>%: the first round with GA >= x%, mean over the seeds reaching it ((k/n): k of n did)."
-    intro = (
-        f"Runs below `{root}`: metrics in %, mean ± std over seeds of each run's mean over its last "
-        f"{last} evaluated rounds.{note}\n\n"
-    )
-    markdown, figures = output_paths(out) if out is not None else (None, None)
-    varying, _ = group_runs(runs)
-    sections = {k.partition(".")[0] for k in varying}
-    paper = ""
-    if METHOD_SECTION in sections and len(sections) > 1:
-        grid = build_grid(runs)
-        paper = paper_sections(
-            grid, last, figures, lambda p: p.relative_to(markdown.parent).as_posix() if markdown else str(p)
-        )
-        text = intro + paper + f"\n## All runs\n\n{table}\n"
-    else:
-        text = intro + table + "\n"
-        if len(runs) == 1 and figures is not None:
-            from fedpcd.report.paper import run_class_heatmap
-
-            if run_class_heatmap(runs[0], figures / "classes.png"):
-                rel = (figures / "classes.png").relative_to(markdown.parent).as_posix()
-                text += f"\n![accuracy per class]({rel})\n"
-    if notes is not None:
-        try:
-            text = Path(notes).read_text().strip() + "\n\n" + text
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot read the notes file {notes}: {exc}") from exc
-    unfinished = unfinished_runs(root)
-    if unfinished:
-        text += (
-            "\nRuns without a summary (failed, or still running), left out above: "
-            + ", ".join(f"`{p}`" for p in unfinished)
-            + "\n"
-        )
-    if title:
-        text = f"# {title}\n\n{text}"
-    if out is not None:
-        from fedpcd.utils import atomic_write_text
-
-        atomic_write_text(markdown, text)
-        if not paper:
-            plot_curves(runs, figures / "curves.png")
-    return text

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedpcd.errors import UserError
 from fedpcd.report import (
     METRICS,
     Run,
@@ -33,11 +34,12 @@ from fedpcd.report import (
     _without_algorithm,
     group_runs,
     last_mean,
+    last_rounds_phrase,
     mean_bytes,
     mean_std,
     setting_columns,
 )
-from fedpcd.utils import atomic_write, atomic_write_text
+from fedpcd.utils import atomic_write, atomic_write_text, read_json, show_path
 
 METHOD_SECTION = "algorithm"
 PROTOCOLS = ("last", "best")
@@ -314,11 +316,25 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
 
 
 def partition_counts(run: Run) -> list[list[int]] | None:
-    """The run's client x class train counts from its partition.json (None if the file is missing)."""
+    """The run's client x class train counts from its partition.json (None if the file is missing); a
+    malformed file is one line naming it."""
     path = run.path / "partition.json"
     if not path.exists():
         return None
-    return [c["train_counts"] for c in json.loads(path.read_text())["clients"]]
+    data = read_json(path, "partition file")
+    clients = data.get("clients") if isinstance(data, dict) else None
+    counts = [c.get("train_counts") if isinstance(c, dict) else None for c in clients or []]
+    if (
+        not counts
+        or not all(isinstance(row, list) and row for row in counts)
+        or len({len(row) for row in counts}) != 1
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for row in counts for v in row)
+    ):
+        raise UserError(
+            f"partition file {show_path(path)} is not a fedpcd partition: expected "
+            '{"clients": [{"train_counts": [...]}, ...]} with one count >= 0 per class for every client'
+        )
+    return counts
 
 
 def cells_csv(grid: Grid, last: int) -> str:
@@ -360,17 +376,18 @@ def paper_sections(
     from fedpcd.data.stats import plot_counts
 
     parts = []
+    last_rounds = last_rounds_phrase([r for members in grid.cells.values() for r in members], last, False)
     ranking = ranking_table(grid, last)
     if ranking is not None:
         parts.append(
-            f"## Ranking: mean rank over the settings (mean of the last {last} evaluated rounds)\n\n"
+            f"## Ranking: mean rank over the settings (mean of {last_rounds})\n\n"
             "In each setting the methods are ranked by their mean over seeds (1 = best; ties share a rank); "
             "the number of settings with a value is in brackets.\n\n"
             f"{ranking}\n"
         )
     for metric, label in METRICS[:2]:
         for protocol in PROTOCOLS:
-            how = f"mean of the last {last} evaluated rounds"
+            how = f"mean of {last_rounds}"
             if protocol == "best":
                 how = "best evaluated round"
             parts.append(f"## {label} (%), {how}\n\n{pivot_table(grid, metric, protocol, last)}\n")
@@ -456,6 +473,11 @@ def setting_class_heatmap(grid: Grid, setting: str, path: str | Path) -> bool:
             matrix.append([None if np.isnan(x) else float(x) for x in np.nanmean(values, axis=0)])
     if not rows:
         return False
+    if len({len(row) for row in matrix}) > 1:
+        raise UserError(
+            f"the runs of setting {setting!r} record accuracy per class for different numbers of classes "
+            f"({', '.join(str(len(row)) for row in matrix)}); are they runs of one dataset?"
+        )
     plot_heatmap(rows, matrix, path, f"{setting}: global model, accuracy per class (last evaluated round)")
     return True
 

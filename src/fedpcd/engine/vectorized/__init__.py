@@ -1,0 +1,271 @@
+"""The vectorized executor: the round's clients of one architecture trained at once.
+
+Same numbers as the sequential executor up to float rounding, for every algorithm that keeps FedAvg's
+``local_update``, ``fit``, ``train`` and ``before_step`` (FedAvg, FedProx, FedRS, FedLC, FedMR, FedNH,
+FedGELA, FedGE, SCAFFOLD, FedDyn, FedDC, FedNTD, FedNova, MOON, FedProc, FedSC, CReFF, FedPer, FedBABU,
+LG-FedAvg, FedClassAvg, Local, FedAvg-FT, FedRoD, FedETF, FedProto, FD, FedSSA) unless its
+``vectorize_blocker`` names a reason. Not covered (the sequential executor runs them, with a warning):
+methods whose client runs more than one training loop (Ditto, FedRep) or trains two models jointly (FML,
+FedKD), FedMR's Lite variant (random picks inside the loss) and FedSC's ``compat_official`` audit mode (it
+collects features during training).
+
+How it reproduces ``FedAvg.local_update`` = ``begin_local``; ``fit`` (the shared ``train`` loop);
+``end_local`` for K clients:
+
+- ``begin_local`` runs per client on the reusable model object with the client's own ``LocalWork``, as in
+  the sequential executor; the model's tensors and the tensors of each work (the payload and state the loss
+  sees, and the method's working values, e.g. FedNH's ``work.scale``) are stacked along a leading client
+  dimension, and the loss and ``correct_grads`` under vmap read one client's slices through a ``LocalWork``
+  of the same structure (with nothing received). A tensor that is the same object for every client (the
+  global model in FedProx's payload, an ETF) is shared instead. Trainable are the tensors
+  ``trainable_parameters`` returns (model parameters or working tensors: FedNH's scale, FedGELA's
+  projection); every other model parameter stays as loaded. Clients whose works differ in structure (MOON's
+  previous model, absent at a first participation; a working value that is not a tensor and differs) or that
+  train different tensors are trained as separate groups.
+- Training is step-synchronous: at step s every client with a batch left takes it from its own stream
+  (``ClientData.batches`` with the client's generator, epoch after epoch: the sequential loop's batches and
+  augmentation draws). Clients are grouped by batch size (one group at the full batch size; the short last
+  batches form small groups), so batch-level losses (FedMR's decorrelation) are exact. Per group,
+  ``torch.func.vmap`` over the clients evaluates ``vector_loss`` through ``functional_call`` on a copy of the
+  model (a "twin"), and one backward pass gives every client's gradient. A frozen model inside the loss
+  (FedNTD's teacher, MOON's global and previous models: ``base.frozen_forward``) is a nested
+  ``functional_call`` on the twin, vmapped with the rest (shared or per-client weights).
+- ``before_step``'s ``correct_grads`` (SCAFFOLD's c - c_i, FedDyn's and FedDC's regulariser gradients) is
+  vmapped over the clients' stacked gradients, parameters and works.
+- The optimiser is ``torch.optim.SGD``'s single-tensor update on stacked tensors, each client its own:
+  gradient-norm clipping as ``clip_grad_norm_`` (total norm over the trainable tensors, coefficient
+  max / (norm + 1e-6) clamped to 1), g + wd w, momentum buffer b <- m b + g (zero-initialised: the first
+  step is b = g, as torch's clone), w <- w - lr b. The mean train loss is accumulated as the loop does.
+- Then each client is re-entered (``begin_local`` again, which must not draw from the generator), the trained
+  tensors are written into the model and the work, and ``end_local`` (control variates, drifts,
+  FedBABU's and FedAvg-FT's fine-tuning, which stays sequential) and the personal evaluation run as in the
+  sequential executor. Client states are committed once the whole round succeeded; anything the executor
+  cannot stack makes the round run sequentially (:func:`train_or_none`).
+- Personal evaluation is batched: when the personal predictor is the model itself, or the algorithm gives
+  ``personal_extra`` / ``personal_logits`` (FedGELA, FedNH), the clients' personal models are stacked and
+  vmapped over chunks of the full test set, or of their local test splits padded to the longest
+  (``personal_test: split``). Predictions equal the sequential ones up to ties within float rounding.
+
+Speed on a CPU. vmap turns a convolution with per-client weights into a grouped convolution, which oneDNN
+runs slower than a loop over the clients. The twin is therefore the model's ``vmap_copy``: the ConvNet family
+(simplecnn, conv2cifar, cnn1..cnn5) gives one whose ``features`` runs per-client CPU kernels under vmap, and
+predictions use the model's ``inference_forward`` (both in ``fedpcd.models.fast_convnet``). Other
+architectures go through plain vmap (BatchNorm included: running statistics are stacked per-client buffers
+updated in place).
+
+``engine.executor: auto`` runs the sequential executor (see ``fedpcd.engine.executor.train_clients``); this
+one runs with ``executor: vectorized``, for any architecture, in chunks of clients whose stacked state fits
+``MEMORY_BUDGET``. On a CPU it is fastest for the ConvNet family: 1.04-1.13x a plain PyTorch loop for
+simplecnn on fmnist on a quiet 2-core machine (1.3-1.7x when the machine is loaded, which slows the plain
+loop's many small operations more); the MLP on fmnist ran at 0.7x and ResNet-18 at 0.3-0.6x. There the
+per-client convolution kernels bound it (benchmarks/speed.py prints the bound); on a GPU the per-step launch
+overhead that vectorisation removes dominates instead (not measured here: no GPU).
+
+Float rounding differs from the sequential executor's (other kernels, other summation orders): usually
+1e-8 after a round, but a ReLU unit whose input is within rounding of 0, or FedMR's decorrelation with its
+1e-8 variance guard on a nearly constant dimension, can amplify it to 1e-4 over tens of steps (two
+sequential runs with equivalent loss formulas drift apart the same way).
+
+Modules: this one (when it applies, chunks of clients within ``MEMORY_BUDGET``, the round), ``clients``
+(``begin_local`` per client, batch streams, write-back), ``steps`` (the step-synchronous loop), ``sgd`` (the
+optimiser on stacked tensors), ``evaluation`` (batched personal evaluation), ``stacking`` (nested containers
+of tensors, the twin).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fedpcd.algorithms import FedAvg, LocalWork
+from fedpcd.algorithms.base import tensor_bytes
+from fedpcd.engine.client_result import ClientResult
+from fedpcd.engine.federation import Federation
+from fedpcd.engine.vectorized.clients import Fallback, Pending, begin, context_of, write_back
+from fedpcd.engine.vectorized.evaluation import evaluate_batched, evaluate_or_defer
+from fedpcd.engine.vectorized.stacking import model_tensors, skeleton, tensor_leaves, twin_of
+from fedpcd.engine.vectorized.steps import train_steps
+from fedpcd.errors import UserError
+
+__all__ = ["MEMORY_BUDGET", "Fallback", "blocker", "train_or_none", "train_vectorized"]
+
+MEMORY_BUDGET = 2 << 30  # bytes of stacked per-client state and activations trained at once (chunks beyond)
+
+
+# ----- when it applies -------------------------------------------------------------------------------------
+
+
+def blocker(algorithm: FedAvg, fed: Federation, ids: Sequence[int]) -> str | None:
+    """Why the vectorized executor does not run this round (None: it does)."""
+    reason = algorithm.vectorize_blocker()
+    if reason is not None:
+        return reason
+    cls = type(algorithm)
+    for hook in ("local_update", "fit", "train", "before_step"):
+        if getattr(cls, hook) is not getattr(FedAvg, hook):
+            return f"{cls.__name__} is not covered by the vectorized executor (it overrides {hook})"
+    if len(ids) < 2:
+        return "fewer than 2 participants"
+    if len({fed.config.model.architecture(k) for k in ids}) > 1:
+        return "the participants have different architectures"
+    return None
+
+
+_WARNED: set[str] = set()
+
+
+def train_or_none(
+    algorithm: FedAvg,
+    fed: Federation,
+    server: dict[str, Any],
+    ids: Sequence[int],
+    client_states: Any,
+    rnd: int,
+    evaluate: bool,
+) -> list[ClientResult] | None:
+    """The round's results from the vectorized executor, or None when the sequential one should run it
+    (a warning says why, once per reason)."""
+    reason = blocker(algorithm, fed, ids)
+    if reason is None:
+        try:
+            return train_vectorized(algorithm, fed, server, ids, client_states, rnd, evaluate)
+        except UserError:
+            raise
+        except Fallback as exc:
+            reason = str(exc)
+        except Exception as exc:  # the sequential executor reruns the round and reports per client
+            reason = f"{type(exc).__name__}: {exc}"
+    if reason not in _WARNED and reason != "fewer than 2 participants":
+        _WARNED.add(reason)
+        warnings.warn(f"vectorized executor not used ({reason}); running clients sequentially", stacklevel=3)
+    return None
+
+
+# ----- memory: how many clients at once --------------------------------------------------------------------
+
+_ACTIVATIONS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+def _activation_bytes(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Bytes of the module outputs of one sample's forward pass (an estimate of its activations)."""
+    if model not in _ACTIVATIONS:
+        total = 0
+
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            nonlocal total
+            total += sum(t.numel() * t.element_size() for t in tensor_leaves(output))
+
+        handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                model(torch.zeros(1, *input_shape, device=next(model.parameters()).device))
+        finally:
+            model.train(was_training)
+            for h in handles:
+                h.remove()
+        _ACTIVATIONS[model] = total
+    return _ACTIVATIONS[model]
+
+
+def _chunk_size(model: nn.Module, fed: Federation, ids: Sequence[int]) -> int:
+    """Clients trained at once within MEMORY_BUDGET: stacked weights, momentum, gradients and copies (x5),
+    and a batch's activations (3x the module outputs: saved tensors, gradients, functional ops)."""
+    shape = fed.context.input_shape or tuple(fed.clients[0].x.shape[1:])
+    params = sum(t.numel() * t.element_size() for t in model_tensors(model).values())
+    batch = min(fed.context.local.batch_size, max(fed.clients[k].num_samples for k in ids))
+    per_client = 5 * params + 3 * batch * _activation_bytes(model, tuple(shape))
+    return max(1, MEMORY_BUDGET // max(per_client, 1))
+
+
+# ----- the round -------------------------------------------------------------------------------------------
+
+
+def train_vectorized(
+    algorithm: FedAvg,
+    fed: Federation,
+    server: dict[str, Any],
+    ids: Sequence[int],
+    client_states: Any,
+    rnd: int,
+    evaluate: bool,
+) -> list[ClientResult]:
+    """Train (and, if ``evaluate``, personally evaluate) the participants ``ids``, chunk by chunk; the same
+    results as the sequential executor up to float rounding. Raises :class:`Fallback` when the clients'
+    contexts cannot be stacked (nothing is committed then)."""
+    chunk = max(2, _chunk_size(fed.model_for(ids[0]), fed, ids))
+    results: list[ClientResult] = []
+    new_states: dict[int, Any] = {}
+    for start in range(0, len(ids), chunk):
+        part = ids[start : start + chunk]
+        results += _train_chunk(algorithm, fed, server, part, client_states, rnd, evaluate, new_states)
+    for k, state in new_states.items():
+        client_states[k] = state
+    return results
+
+
+def _train_chunk(
+    algorithm: FedAvg,
+    fed: Federation,
+    server: dict[str, Any],
+    ids: Sequence[int],
+    client_states: Any,
+    rnd: int,
+    evaluate: bool,
+    new_states: dict[int, Any],
+) -> list[ClientResult]:
+    """One chunk of the round: ``begin_local`` per client, the clients trained in groups of equal structure
+    (:func:`~fedpcd.engine.vectorized.steps.train_steps`), then per client the write-back, ``end_local`` and
+    the personal evaluation (batched where it can be); new states go to ``new_states``."""
+    clients = [begin(algorithm, fed, server, k, client_states, rnd) for k in ids]
+    skeletons = [skeleton(c.context) for c in clients]
+    # clients whose loss inputs differ in structure (MOON's previous model, absent at a first participation)
+    # or that train different tensors are trained in separate groups
+    groups: list[tuple[tuple[Any, list[str]], list[int]]] = []
+    for j, c in enumerate(clients):
+        key = (skeletons[j], c.trainable)
+        members = next((m for k, m in groups if k == key), None)
+        if members is None:
+            groups.append((key, [j]))
+        else:
+            members.append(j)
+    model = fed.model_for(clients[0].k)
+    final: list[dict[str, Tensor]] = [{} for _ in clients]
+    losses: list[float] = [0.0] * len(clients)
+    for _, members in groups:
+        group_final, group_losses = train_steps(algorithm, model, [clients[j] for j in members])
+        for j, f, loss in zip(members, group_final, group_losses, strict=True):
+            final[j], losses[j] = f, loss
+
+    results = []
+    pending: list[Pending] = []
+    bound = twin_of(model)
+    for j, c in enumerate(clients):
+        model = fed.model_for(c.k, fresh=c.state is None)
+        work = LocalWork(c.payload, c.state, torch.Generator().manual_seed(c.rng.initial_seed()), round=rnd)
+        algorithm.begin_local(model, c.data, work)
+        context = context_of(work)
+        if skeleton(context) != skeletons[j]:
+            raise Fallback("begin_local gave a different context on re-entry")
+        write_back(model, context, final[j])
+        model.train()  # as the shared loop leaves it
+        # end_local goes on with the client's generator where its batches left it, as in the sequential loop
+        work.rng = c.rng
+        reply, state = algorithm.end_local(model, c.data, work, losses[j])
+        work.state = state  # what personal_predictor reads, as after local_update
+        if state is not None:
+            new_states[c.k] = state
+        metrics = None
+        if evaluate:
+            metrics = evaluate_or_defer(algorithm, fed, model, c, work, len(results), pending)
+        results.append(ClientResult(c.k, reply, metrics, tensor_bytes(c.payload), tensor_bytes(reply)))
+    if pending:
+        for pos, metrics in evaluate_batched(algorithm, bound, pending, fed.config.personal_test == "full"):
+            results[pos].metrics = metrics
+    return results

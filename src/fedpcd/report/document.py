@@ -1,0 +1,107 @@
+"""``fedpcd report``'s document: the markdown (and its figures) for the runs below a folder, with the papers'
+layout (``fedpcd.report.paper``) when the runs differ in method and setting."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedpcd.report import (
+    group_runs,
+    last_rounds_phrase,
+    load_runs,
+    plot_curves,
+    read_user_text,
+    report_table,
+    unfinished_runs,
+)
+from fedpcd.report.paper import METHOD_SECTION, build_grid, paper_sections, run_class_heatmap
+from fedpcd.utils import check_writable
+
+
+def output_paths(out: str | Path) -> tuple[Path, Path]:
+    """(markdown file, figures folder) of ``--out``: a folder gets report.md inside; a path ending in .md is
+    the markdown file itself, its figures in the folder of the same stem beside it (docs/leaderboard.md and
+    docs/leaderboard/)."""
+    out = Path(out)
+    if out.suffix == ".md":
+        return out, out.with_suffix("")
+    return out / "report.md", out
+
+
+def write_report(
+    root: str | Path,
+    out: str | Path | None = None,
+    last: int = 5,
+    rounds_to: Sequence[float] = (),
+    paired_with: str | None = None,
+    with_swing: bool = False,
+    geometry: bool = False,
+    with_best: bool = False,
+    title: str | None = None,
+    notes: str | Path | None = None,
+) -> str:
+    """Print-ready markdown for the runs below ``root``; with ``out``, also written there with its figures
+    (see ``output_paths``). Runs of several methods in several settings also get the papers' layout
+    (``fedpcd.report.paper``: methods x settings tables, communication, per-setting curves, partitions).
+    ``title`` becomes a heading and the markdown file ``notes`` a preamble under it."""
+    markdown, figures = output_paths(out) if out is not None else (None, None)
+    if markdown is not None and figures is not None:  # refused before any work (--geometry takes minutes)
+        check_writable(markdown)
+        check_writable(figures, folder=True)
+    runs = load_runs(root)
+    table = report_table(runs, last, rounds_to, paired_with, with_swing, geometry, with_best)
+    note = ""
+    if paired_with is not None:
+        note += (
+            f" Δ vs {paired_with}: each run minus the {paired_with} run of the same setting and seed,"
+            " mean ± std over seeds, in points."
+        )
+    if with_swing:
+        note += " GA swing: max - min of GA over those rounds, in points."
+    if with_best:
+        note += " GA best: each run's highest GA over all its rounds."
+    if geometry:
+        note += (
+            " ∠: mean angle in degrees between centred class means on the test set: the global model over all"
+            " classes, each client's personal model over the classes it holds / lacks (FedGELA Fig. 3;"
+            " an ETF has 96.38 for 10 classes)."
+        )
+    if rounds_to:
+        note += " R<x>%: the first round with GA >= x%, mean over the seeds reaching it ((k/n): k of n did)."
+    intro = (
+        f"Runs below `{root}`: metrics in %, mean ± std over seeds of each run's mean over "
+        f"{last_rounds_phrase(runs, last)}.{note}\n\n"
+    )
+    varying, _ = group_runs(runs)
+    sections = {k.partition(".")[0] for k in varying}
+    paper = ""
+    if METHOD_SECTION in sections and len(sections) > 1:
+        grid = build_grid(runs)
+        paper = paper_sections(
+            grid, last, figures, lambda p: p.relative_to(markdown.parent).as_posix() if markdown else str(p)
+        )
+        text = intro + paper + f"\n## All runs\n\n{table}\n"
+    else:
+        text = intro + table + "\n"
+        if len(runs) == 1 and figures is not None and run_class_heatmap(runs[0], figures / "classes.png"):
+            rel = (figures / "classes.png").relative_to(markdown.parent).as_posix()
+            text += f"\n![accuracy per class]({rel})\n"
+    if notes is not None:
+        text = read_user_text(Path(notes), "notes file").strip() + "\n\n" + text
+    unfinished = unfinished_runs(root)
+    if unfinished:
+        text += (
+            "\nRuns without a summary (failed, or still running), left out above: "
+            + ", ".join(f"`{p}`" for p in unfinished)
+            + "\n"
+        )
+    if title:
+        text = f"# {title}\n\n{text}"
+    if out is not None:
+        from fedpcd.utils import atomic_write_text
+
+        atomic_write_text(markdown, text)
+        if not paper:
+            plot_curves(runs, figures / "curves.png")
+    return text
