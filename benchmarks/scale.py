@@ -38,6 +38,7 @@ from fedpcd.config import load_config
 from fedpcd.engine.executor import train_clients
 from fedpcd.engine.federation import build_federation, global_accuracy, sample_clients
 from fedpcd.engine.state_store import ClientStateStore
+from fedpcd.run_format import PA_SPLIT
 
 ALGORITHMS = ("fedavg", "fedper", "moon", "scaffold")
 TARGET_MB = 2048  # FedAvg, 1,000 clients, 10 per round
@@ -119,7 +120,7 @@ def run_one(args: argparse.Namespace, algorithm_name: str, backend: str, workdir
         rnd += 1
         ids = sample_clients(args.clients, args.per_round / args.clients, cfg.seed, rnd)
         metrics = one_round(rnd, ids, True)
-        personal = [m["pa_split"] for m in metrics if m.get("pa_split") is not None]
+        personal = [m[PA_SPLIT.key] for m in metrics if m.get(PA_SPLIT.key) is not None]
         if i == args.rounds - 1:
             ga = global_accuracy(algorithm, fed.model_for(0), fed, server)
     rounds_s = time.perf_counter() - t2
@@ -142,7 +143,7 @@ def run_one(args: argparse.Namespace, algorithm_name: str, backend: str, workdir
         "fill_s": fill_s,
         "rounds_s": rounds_s,
         "ga": ga,
-        "pa_split": sum(personal) / len(personal) if personal else None,
+        PA_SPLIT.key: sum(personal) / len(personal) if personal else None,
     }
 
 
@@ -171,7 +172,7 @@ def print_row(r: dict[str, Any]) -> None:
         f"{r['algorithm']:10s} {r['backend']:7s} {r['states']:6d} {r['state_bytes']:9.0f} "
         f"{r['state_share']:6.2f} {r['store_mb']:8.1f} {_fmt(r['rss_setup_mb'], '8.0f')}M "
         f"{r['peak_rss_mb']:7.0f}M {r['fill_s']:7.1f} {r['rounds_s']:8.1f} {_fmt(r['ga'], '6.3f')} "
-        f"{_fmt(r['pa_split'], '6.3f')}  {r['state_keys'][:60]}",
+        f"{_fmt(r[PA_SPLIT.key], '6.3f')}  {r['state_keys'][:60]}",
         flush=True,
     )
 

@@ -8,6 +8,7 @@ import os
 import pickle
 import tarfile
 import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +37,10 @@ def isolated_env(monkeypatch, tmp_path_factory):
             return _real_urlopen(url, *args, **kwargs)
         raise urllib.error.URLError("network disabled in tests")
 
-    monkeypatch.setattr(dsmod.urllib.request, "urlopen", no_network)
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
 
 
-_real_urlopen = dsmod.urllib.request.urlopen
+_real_urlopen = urllib.request.urlopen
 
 
 # ---------------------------------------------------------------------------------------------------------

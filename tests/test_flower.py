@@ -44,14 +44,9 @@ from fedpcd.engine.simulation import run_local  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import procs, records  # noqa: E402
 from fedpcd.flower.client_app import app as client_app  # noqa: E402
+from fedpcd.flower.discovery import discover, federation_size, fit_to_federation  # noqa: E402
 from fedpcd.flower.protocol import STATE, raise_for_error, tag_user_error  # noqa: E402
-from fedpcd.flower.server_app import (  # noqa: E402
-    config_from_run_config,
-    discover,
-    federation_size,
-    fit_to_federation,
-    serve,
-)
+from fedpcd.flower.server_app import config_from_run_config, serve  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HOME_FLWR_EXISTED = (Path.home() / ".flwr").exists()
@@ -515,7 +510,7 @@ def test_a_diverging_clientapp_stops_the_flower_run(tmp_path, monkeypatch, task_
 
 
 def test_a_set_stop_event_ends_the_serverapp_at_its_next_poll(tmp_path, task_identity):
-    from fedpcd.flower.server_app import Interrupted
+    from fedpcd.flower.discovery import Interrupted
 
     stop = threading.Event()
     stop.set()

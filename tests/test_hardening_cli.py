@@ -504,3 +504,17 @@ def test_sweep_goes_on_when_the_index_fails_midway_and_says_so_at_the_end(tmp_pa
     assert main(["sweep", "--config", str(_sweep_file(tmp_path, out))]) == 0  # the index caught up
     with real(out / "index.sqlite") as db:
         assert db.execute("SELECT status FROM runs").fetchall() == [("done",), ("done",)]
+
+
+@pytest.mark.parametrize("label", ["..", ".", "/", "..//.."])
+def test_sweep_setting_label_that_leaves_the_sweep_folder_is_refused(tmp_path, capsys, label):
+    """A `setting` labelled `..` would put its run outside the sweep's output_dir (over the sweep itself)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        f"dataset: {{name: synthetic16}}\nclients: 2\nrounds: 1\noutput_dir: {tmp_path / 'runs'}\n"
+        f"sweep:\n  setting:\n    - {{label: {json.dumps(label)}, clients: 2}}\n"
+    )
+    assert main(["sweep", "--config", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "not a folder below" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing written anywhere

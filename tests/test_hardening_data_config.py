@@ -257,13 +257,24 @@ def test_deep_nesting_is_one_line(tmp_path, capsys):
             ["engine.threads=1000000"],
             "'engine.threads' (1000000): Input should be less than or equal to 1024",
         ),
-        (["model.hidden=1000000000"], "more than the limit of 1e+08"),
+        (
+            ["model.hidden=1000000000"],
+            "'model.hidden' of model 'mlp' (1000000000): expected an integer in [1, 8192]",
+        ),
         (["output_dir=runs/a\x00b"], "'output_dir' ('runs/a\\x00b'): contains a NUL character"),
     ],
 )
 def test_out_of_range_values_exit_2_with_one_line(args, needle, capsys):
     assert main(["run", *SMALL, *args]) == 2
     assert needle in _error_line(capsys)
+
+
+def test_a_model_over_the_weight_limit_is_refused_at_load(monkeypatch, capsys):
+    import fedpcd.config
+
+    monkeypatch.setattr(fedpcd.config, "MAX_MODEL_PARAMS", 10**6)  # mlp's widest (8192 units) is below 1e8
+    assert main(["run", *SMALL, "model.hidden=2000"]) == 2
+    assert "more than the limit of 1e+06" in _error_line(capsys)
 
 
 @pytest.mark.parametrize(

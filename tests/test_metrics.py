@@ -16,7 +16,7 @@ from fedpcd.engine.metrics import (
     predict,
     summarize,
 )
-from fedpcd.engine.rundir import round_record, summary_of
+from fedpcd.engine.records import round_record, summary_of
 
 
 def test_per_class_accuracy_by_hand():
@@ -41,13 +41,13 @@ def test_personal_metrics_uses_local_split_and_full_test():
     pred = torch.tensor([0, 1, 1, 1, 2, 0])
     local = torch.tensor([0, 2, 3])  # the client's local test split
     m = personal_metrics(pred, test_y, local, torch.tensor([1, 3, 0]))
-    assert m["pa_split"] == pytest.approx(1.0)  # all three local samples right
+    assert m["personal_acc"] == pytest.approx(1.0)  # all three local samples right
     assert m["pa_l"] == pytest.approx(0.25 * 0.5 + 0.75 * 1.0)
     assert m["pa_v"] == pytest.approx((0.5 + 1.0) / 2)
     assert m["pa_global"] == pytest.approx(4 / 6)  # the full test set, classes the client lacks included
     assert (
         personal_metrics(pred, test_y, torch.tensor([], dtype=torch.long), torch.tensor([1, 1, 0]))[
-            "pa_split"
+            "personal_acc"
         ]
         is None
     )
@@ -78,8 +78,8 @@ def test_predict_and_accuracy():
 def test_round_record_and_summary():
     replies = [{"num_samples": 10, "train_loss": 1.0}, {"num_samples": 30, "train_loss": 2.0}]
     evals = [
-        {"pa_split": 0.5, "pa_l": 0.4, "pa_v": 0.3, "pa_global": 0.2},
-        {"pa_split": 1.0, "pa_l": 0.8, "pa_v": 0.6, "pa_global": 0.4},
+        {"personal_acc": 0.5, "pa_l": 0.4, "pa_v": 0.3, "pa_global": 0.2},
+        {"personal_acc": 1.0, "pa_l": 0.8, "pa_v": 0.6, "pa_global": 0.4},
     ]
     r1 = round_record(1, 0.7, replies, evals, [0, 1], 100, 200, 1.5)
     assert r1["personal_acc"] == pytest.approx(0.75)

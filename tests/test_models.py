@@ -96,7 +96,7 @@ def test_simplecnn_feature_relu_option() -> None:
     z = linear.features(x)
     assert (z < 0).any()  # FC2's raw output keeps negative values
     assert torch.equal(relu.features(x), torch.relu(z))
-    with pytest.raises(UserError, match="feature_relu must be true or false"):
+    with pytest.raises(UserError, match=r"'model.feature_relu' of model 'simplecnn' \('no'\): expected true"):
         build_model("simplecnn", 1, 10, 28, feature_relu="no")
 
 

@@ -188,6 +188,10 @@ def test_explicit_roundtrip(p: dict, data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "part.json"
         path.write_text(json.dumps(payload))
+        if not any(lists):  # a file of empty clients only is refused (nothing to train)
+            with pytest.raises(UserError, match="every client's list is empty"):
+                make_partition(p["y"], p["yt"], p["K"], "explicit", {"path": str(path)}, p["seed"])
+            return
         part = make_partition(p["y"], p["yt"], p["K"], "explicit", {"path": str(path)}, p["seed"])
     check_common(part, p["y"], p["yt"], p["K"], complete=False)
     for got, want in zip(part.train, lists, strict=True):
@@ -336,7 +340,9 @@ def test_fedssa_official_rule_can_repeat_a_class_distinct_never_does() -> None:
         sizes = [len(ix) for ix in part.train]
         assert len(np.concatenate(part.train)) == len(set(np.concatenate(part.train).tolist())) == sum(sizes)
     assert fewer[0] == 0 and fewer[1] > 0  # some clients hold < 4 classes under the official pick
-    with pytest.raises(UserError, match="rule must be"):
+    with pytest.raises(
+        UserError, match=r"'partition.rule' .* \('other'\): valid choices: distinct, official"
+    ):
         make_partition(y, BALANCED_TEST, 10, "fedssa", {"rule": "other"}, 0)
 
 
@@ -447,19 +453,32 @@ def test_unknown_param_lists_valid_keys() -> None:
 @pytest.mark.parametrize(
     ("scheme", "params", "pattern"),
     [
-        ("dirichlet", {"beta": "abc"}, "expected a number"),
-        ("dirichlet", {"beta": 0.0}, "beta must be a positive number"),
-        ("dirichlet", {"min_size": 2.5}, "expected an integer"),
-        ("dirichlet", {"cap_fair_share": "yes"}, "expected true or false"),
+        ("dirichlet", {"beta": "abc"}, r"'partition.beta' .* \('abc'\): expected a finite number > 0$"),
+        ("dirichlet", {"beta": 0.0}, r"'partition.beta' .* \(0.0\): expected a finite number > 0$"),
+        ("dirichlet", {"beta": True}, r"'partition.beta' .* \(True\): expected a finite number > 0$"),
+        ("dirichlet", {"min_size": 2.5}, r"'partition.min_size' .* \(2.5\): expected an integer >= 0$"),
+        ("dirichlet", {"cap_fair_share": "yes"}, "'partition.cap_fair_share' .*: expected true or false$"),
+        ("dirichlet", {"cap_fair_share": 1}, "'partition.cap_fair_share' .*: expected true or false$"),
         ("pathological", {"classes_per_client": 11}, r"between 1 and the number of classes \(10\)"),
-        ("pathological", {"classes_per_client": 0}, "between 1 and the number of classes"),
+        (
+            "pathological",
+            {"classes_per_client": 0},
+            "'partition.classes_per_client' .*: expected an integer >= 1",
+        ),
         ("fedssa", {"classes_per_client": 11}, "between 1 and the number of classes"),
-        ("shards", {"shards_per_client": 0}, "shards_per_client must be >= 1"),
+        ("shards", {"shards_per_client": 0}, "'partition.shards_per_client' .*: expected an integer >= 1"),
         ("shards", {"shards_per_client": 200}, "only 1000 samples"),
-        ("longtail", {"rho": 0.5}, "rho must be >= 1"),
+        ("longtail", {"rho": 0.5}, r"'partition.rho' of partition scheme 'longtail' \(0.5\): .* >= 1$"),
         ("longtail", {"then": {"scheme": "longtail"}}, "cannot be 'longtail'; valid choices"),
         ("longtail", {"then": {"scheme": "dirichlet", "alpha": 1}}, "unknown parameter 'alpha'"),
+        (
+            "longtail",
+            {"then": {"beta": -1}},
+            r"'partition.then.beta' .* \(-1\): expected a finite number > 0",
+        ),
         ("longtail", {"then": "iid"}, "expected a mapping"),
+        ("nid2", {"biased_clients": 0}, "'partition.biased_clients' .*: expected an integer >= 1"),
+        ("explicit", {"path": 3}, "'partition.path' .*: expected a string"),
         ("explicit", {}, "needs 'path'"),
     ],
 )

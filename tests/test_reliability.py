@@ -22,7 +22,8 @@ from fedpcd.algorithms import ALGORITHMS, FedAvg
 from fedpcd.cli import main
 from fedpcd.config import load_config
 from fedpcd.engine import resume_run, run_experiment
-from fedpcd.engine.rundir import RunDir, read_records, record_line
+from fedpcd.engine.records import read_records, record_line
+from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import DivergenceError, UserError
 from fedpcd.sweep import run_status
 
@@ -446,7 +447,8 @@ def test_official_shaped_file_with_wrong_content_fails_its_checksum(tmp_path, ca
 
 
 def test_debian_fashion_mnist_matches_the_official_checksums():
-    from fedpcd.data.datasets import IDX_MD5, _md5, _read_bytes
+    from fedpcd.data.files import md5
+    from fedpcd.data.idx import IDX_MD5, _read_bytes
 
     folder = Path("/usr/share/datasets/fashion-mnist")
     if not folder.is_dir():
@@ -454,7 +456,7 @@ def test_debian_fashion_mnist_matches_the_official_checksums():
     names = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte"}
     names |= {"test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
     for key, stem in names.items():
-        assert _md5(_read_bytes(folder / f"{stem}.gz")) == IDX_MD5["fmnist"][key]
+        assert md5(_read_bytes(folder / f"{stem}.gz")) == IDX_MD5["fmnist"][key]
 
 
 # ----- FedDyn's extra metric ----------------------------------------------------------------------

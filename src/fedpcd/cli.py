@@ -13,6 +13,7 @@ from typing import Any
 
 from fedpcd import __version__
 from fedpcd.errors import UserError
+from fedpcd.run_format import METRICS
 from fedpcd.utils import text_table
 
 
@@ -20,18 +21,10 @@ def _pct(value: Any) -> str:
     return "-" if value is None else f"{100 * value:.2f}"
 
 
-SHOWN = [
-    ("global_acc", "GA"),
-    ("personal_acc", "PA-split"),
-    ("pa_l", "PA-L"),
-    ("pa_v", "PA-V"),
-    ("pa_global", "PA-G"),
-    ("personal_acc_worst10", "PA worst10%"),
-]
-
-
 def _summary_table(summary: dict[str, Any]) -> str:
-    rows = [[label, _pct(summary["final"].get(key)), _pct(summary["best"].get(key))] for key, label in SHOWN]
+    """The final and best value of every metric of the table, in %."""
+    final, best = summary["final"], summary["best"]
+    rows = [[m.label, _pct(final.get(m.key)), _pct(best.get(m.key))] for m in METRICS]
     return text_table(rows, ["metric (%)", "final", "best"])
 
 

@@ -2,12 +2,13 @@
 
 A config is YAML; every key is optional. ``load_config`` merges a file with dotted ``KEY=VALUE`` overrides,
 validates it and resolves the open-ended sections (the partition scheme's, model's and algorithm's own
-parameters) against their registries, so the written ``config.yaml`` shows every value that was used.
+parameters) against their registries, so the written ``config.yaml`` shows every value that was used. Those
+parameters are checked here, once per load, by ``fedpcd.params.validate_params`` (their declared types and
+ranges); the values written are the checked ones.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -20,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedpcd.errors import UserError, clip, short
-from fedpcd.params import callable_defaults, check_params, dataclass_defaults
+from fedpcd.params import validate_params
 
 MAX_DEPTH = 32  # nesting levels of a config (YAML file, override value, or the merged tree)
 MAX_THREADS = 1024  # engine.threads
@@ -333,7 +334,7 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
 
 def resolve_model_params(config: Config) -> dict[str, Any]:
     """The model parameters, checked against every architecture of the federation; defaults filled for the
-    parameters all of them take (from the first architecture)."""
+    parameters all of them take (values from the first architecture)."""
     from fedpcd.models import MODELS
 
     m = config.model
@@ -343,11 +344,9 @@ def resolve_model_params(config: Config) -> dict[str, Any]:
     if bad:
         raise UserError(f"model.clients names client {bad[0]}, but clients are 0..{config.clients - 1}")
     archs = m.architectures(config.clients)
-    defaults = [callable_defaults(MODELS.get(arch), 3) for arch in archs]
-    for arch, own in zip(archs, defaults, strict=True):
-        check_params("model", arch, m.params(), own)
-    common = set.intersection(*(set(own) for own in defaults))
-    params = {**{k: v for k, v in defaults[0].items() if k in common}, **m.params()}
+    checked = [validate_params("model", arch, MODELS.get(arch), m.params()) for arch in archs]
+    common = set.intersection(*(set(own) for own in checked))
+    params = {k: v for k, v in checked[0].items() if k in common}
     _check_model_size(archs, params)
     return params
 
@@ -358,12 +357,12 @@ def _check_model_size(archs: list[str], params: dict[str, Any]) -> None:
     UserError now, never an allocation failure later."""
     import torch
 
-    from fedpcd.models import MODELS
+    from fedpcd.models import build_validated
 
     for arch in archs:
         try:
             with torch.device("meta"):
-                model = MODELS.get(arch)(3, 100, 32, **params)
+                model = build_validated(arch, 3, 100, 32, params)
         except (UserError, NotImplementedError):  # input-specific or meta-unsupported: the real build decides
             continue
         except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
@@ -375,15 +374,6 @@ def _check_model_size(archs: list[str], params: dict[str, Any]) -> None:
                 f"model {arch!r} with {short(params)} has {weights:.3g} weights (for 3x32x32 inputs, 100 "
                 f"classes), more than the limit of {MAX_MODEL_PARAMS:.0e}; choose a smaller width"
             )
-
-
-def _check_algorithm(name: str, params: dict[str, Any]) -> None:
-    """Build the algorithm once, so a hyperparameter of the wrong type or a non-finite one fails now."""
-    from fedpcd.algorithms import build_algorithm
-
-    algorithm = build_algorithm(name, params)
-    values = {f.name: getattr(algorithm, f.name) for f in dataclasses.fields(algorithm)}
-    check_values({"algorithm": values})
 
 
 def _check_min_clients(config: Config) -> None:
@@ -398,7 +388,7 @@ def _check_min_clients(config: Config) -> None:
 
 def resolve(config: Config) -> Config:
     """Check names and fill the scheme's, model's and algorithm's parameter defaults."""
-    from fedpcd.algorithms import ALGORITHMS
+    from fedpcd.algorithms import ALGORITHMS, algorithm_params
     from fedpcd.data.datasets import DATASETS
     from fedpcd.data.partition import resolve_params
 
@@ -412,19 +402,13 @@ def resolve(config: Config) -> Config:
             f"algorithm {config.algorithm.name!r} needs one architecture for all clients, but model.name/"
             f"model.clients give several; model-heterogeneous algorithms: {able or '(none)'}"
         )
-    algorithm = check_params(
-        "algorithm",
-        config.algorithm.name,
-        config.algorithm.params(),
-        dataclass_defaults(algo_cls),
-    )
-    _check_algorithm(config.algorithm.name, algorithm)
+    algorithm = algorithm_params(config.algorithm.name, config.algorithm.params())
     _check_min_clients(config)
     data = config.to_dict()
     data["partition"] = {"scheme": config.partition.scheme, **partition}
     data["model"] = {"name": config.model.name, "clients": config.model.clients, **model}
     data["algorithm"] = {"name": config.algorithm.name, **algorithm}
-    check_values(data)  # again after validation: e.g. local.lr given as the text "1e39"
+    check_values(data)  # again after validation: e.g. local.lr or algorithm.mu given as the text "1e39"
     try:
         return Config.model_validate(data)
     except ValidationError as exc:  # pragma: no cover - defaults always validate

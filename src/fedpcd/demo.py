@@ -14,6 +14,7 @@ from fedpcd.config import Config, load_config
 from fedpcd.engine import resume_run, run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.report import last_values
+from fedpcd.run_format import HEADLINE, METRICS, PA_G
 from fedpcd.utils import text_table
 
 if TYPE_CHECKING:
@@ -30,21 +31,6 @@ DEMO_METHODS: list[tuple[str, list[str]]] = [
 ]
 WIDTH = 110  # printed paragraphs are wrapped to this width
 LAST = 3  # the table averages each method over its last LAST evaluated rounds
-SHOWN = [
-    ("global_acc", "GA"),
-    ("personal_acc", "PA-split"),
-    ("pa_l", "PA-L"),
-    ("pa_v", "PA-V"),
-    ("pa_global", "PA-G"),
-    ("personal_acc_worst10", "PA worst10%"),
-]
-LEGEND = (
-    "GA: the global model on the full, balanced test set. PA-split: each client's personal model on its own "
-    "local test split (its classes, in its proportions). PA-L / PA-V: personal models on the full test set, "
-    "per-class accuracies weighted by the client's train label distribution / averaged over the client's "
-    "classes. PA-G: personal models on the full test set, every class counted{cap}. PA worst10%: PA-split of "
-    "the worst 10% of clients."
-)
 FEDSSA_NOTE = (
     "FedSSA has no GA: its clients keep private feature extractors and share only classifier rows, so there "
     "is no global model to test."
@@ -53,6 +39,11 @@ FEDSC_NOTE = (
     "FedSC runs at CPDR weight 0.01 instead of the paper's 1: with the paper's L1-sum distance, ~d times a "
     "mean, weight 1 collapses training at this scale (GA 26-30% on Fashion-MNIST; docs/results/fedsc.md)."
 )
+
+
+def legend(cap: str = "") -> str:
+    """What each column of the table measures (``cap``: a note on PA-G's ceiling, put after its text)."""
+    return " ".join(f"{m.label}: {m.description}{cap if m is PA_G else ''}." for m in METRICS)
 
 
 def setting_name(cfg: Config) -> str:
@@ -114,13 +105,13 @@ def plot_demo_curves(curves: dict[str, list[dict[str, Any]]], title: str, path: 
 
     fig = Figure(figsize=(11, 4.4), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, (metric, label) in zip(axes, SHOWN[:2], strict=False):
+    for ax, metric in zip(axes, HEADLINE, strict=False):
         for i, (name, records) in enumerate(curves.items()):  # one colour per method on both panels
-            points = [(r["round"], 100 * r[metric]) for r in records if r.get(metric) is not None]
+            points = [(r["round"], 100 * r[metric.key]) for r in records if r.get(metric.key) is not None]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", markersize=3, color=f"C{i}", label=name)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(label)
+        ax.set_title(metric.label)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
         if ax.has_data():
@@ -136,7 +127,7 @@ def run_demo(out: Path, overrides: list[str], progress: bool = True) -> str:
     ``out/curves.png`` and return the printed report."""
     demo_file = resources.files("fedpcd") / "configs" / "demo.yaml"
     curves: dict[str, list[dict[str, Any]]] = {}
-    rows, means, swings = [], {m: {} for m, _ in SHOWN[:2]}, {m: {} for m, _ in SHOWN[:2]}
+    rows, means, swings = [], {m.key: {} for m in HEADLINE}, {m.key: {} for m in HEADLINE}
     with resources.as_file(demo_file) as path:
         for name, params in DEMO_METHODS:
             cfg = load_config(
@@ -150,12 +141,12 @@ def run_demo(out: Path, overrides: list[str], progress: bool = True) -> str:
             records = run_dir.records()
             label = " ".join([name, *(p.removeprefix("algorithm.") for p in params)])
             curves[label] = records
-            values = {metric: last_values(records, metric, LAST) for metric, _ in SHOWN}
-            for metric, _ in SHOWN[:2]:
-                if values[metric]:
-                    means[metric][label] = _mean(values[metric])
-                    swings[metric][label] = _swing(values[metric])
-            rows.append([label, *(_pct(_mean(values[m])) for m, _ in SHOWN), f"{summary['wall_s']:.1f}"])
+            values = {m.key: last_values(records, m.key, LAST) for m in METRICS}
+            for key in means:
+                if values[key]:
+                    means[key][label] = _mean(values[key])
+                    swings[key][label] = _swing(values[key])
+            rows.append([label, *(_pct(_mean(values[m.key])) for m in METRICS), f"{summary['wall_s']:.1f}"])
     evaluated = min(len(r) for r in curves.values())
     classes = next(
         (len(r["global_class_acc"]) for rs in curves.values() for r in rs if "global_class_acc" in r), 0
@@ -173,13 +164,13 @@ def run_demo(out: Path, overrides: list[str], progress: bool = True) -> str:
         f"Setting: {setting_name(cfg)}.",
         f"Accuracies in %, each the mean over the last {min(LAST, evaluated)} evaluated rounds "
         f"(of {evaluated}; personal models are the round's participants').",
-        text_table(rows, ["algorithm", *(label for _, label in SHOWN), "wall s"]),
+        text_table(rows, ["algorithm", *(m.label for m in METRICS), "wall s"]),
         "",
         *(
             textwrap.fill(text, WIDTH)
             for text in [
-                LEGEND.format(cap=cap),
-                *(leader_sentence(label, means[m], swings[m]) for m, label in SHOWN[:2]),
+                legend(cap),
+                *(leader_sentence(m.label, means[m.key], swings[m.key]) for m in HEADLINE),
                 FEDSSA_NOTE,
                 FEDSC_NOTE,
             ]

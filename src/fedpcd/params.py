@@ -1,42 +1,267 @@
-"""Parameters of the registered classes and functions (algorithms, models, partition schemes): their
-defaults, and a given set checked against them."""
+"""One parameter mechanism for the registered components: algorithms, models and partition schemes.
+
+A component's parameters are declared where it is defined, as typed Python parameters with defaults:
+
+- an algorithm: the fields of its dataclass (``scale: Annotated[float, Field(gt=0.0)] = 2.0``);
+- a model: the keyword parameters of its builder after ``(in_channels, num_classes, image_size)``
+  (``hidden: Annotated[int, Field(ge=1, le=16384)] = 200``);
+- a partition scheme: the keyword-only parameters of its function after ``(labels, num_clients,
+  num_classes, rng)`` (``rule: Literal["distinct", "official"] = "distinct"``).
+
+Every parameter with a default is a config key; its annotation (``int``, ``float``, ``bool``, ``str``,
+``Literal[...]`` for choices, ``X | None``, pydantic ``Field`` bounds inside ``Annotated``) is its check.
+:func:`validate_params` turns the declaration into one pydantic ``TypeAdapter`` per parameter, once per
+component (:func:`param_spec`, cached), and checks a given mapping against it: unknown keys, wrong types,
+values out of range are a :class:`~fedpcd.errors.UserError` of one line naming the parameter, the value
+and the valid range or choices. Checks that relate two parameters are a ``check_combination(values) ->
+str | None`` attribute of the component (None: fine; else the problem). Checks that need the data (e.g. at
+most as many classes per client as there are classes) stay in the component.
+
+Coercion is pydantic's lax mode (an integer for a float, ``"1e-3"`` for a float as YAML 1.1 reads it,
+``2.0`` for an integer, numpy scalars), except that ``true``/``false`` are only booleans: a bool is never a
+number, and a bool parameter takes nothing else.
+"""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import inspect
-from typing import Any
+import os
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union
 
-from fedpcd.errors import UserError, short
+import numpy as np
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+
+from fedpcd.errors import UserError, clip, short
+
+# the config section of each kind: errors name parameters as config keys (partition.beta, model.hidden)
+SECTIONS = {"algorithm": "algorithm", "model": "model", "partition scheme": "partition"}
+
+_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-def check_params(kind: str, name: str, given: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """Fill ``defaults`` with ``given``; an unknown key is a UserError naming the valid ones."""
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        valid = ", ".join(sorted(defaults)) or "(none)"
-        raise UserError(
-            f"unknown parameter {short(unknown[0])} for {kind} {name!r}; valid parameters: {valid}"
+def _path_text(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+# a file path parameter: text, or a pathlib.Path (stored as text)
+PathText = Annotated[str, BeforeValidator(_path_text)]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """The declared parameters of one component and the adapter that checks them."""
+
+    kind: str  # "algorithm", "model" or "partition scheme"
+    name: str  # the registered name
+    annotations: dict[str, Any]  # parameter -> annotation (Any where none is given)
+    defaults: dict[str, Any]  # parameter -> default, in declaration order
+    adapters: dict[str, TypeAdapter[Any]]  # parameter -> the pydantic adapter of its annotation
+    combination: Callable[[dict[str, Any]], str | None] | None = None
+
+    def validate(self, given: Mapping[str, Any], prefix: str | None = None) -> dict[str, Any]:
+        """Every parameter: the defaults overlaid with ``given`` checked and coerced; else one UserError.
+
+        ``prefix`` is the config key the parameters sit under in messages (default: the kind's section)."""
+        where = prefix or SECTIONS.get(self.kind, self.kind)
+        given = dict(given)
+        unknown = sorted(set(given) - set(self.defaults), key=str)
+        if unknown:
+            valid = ", ".join(sorted(self.defaults)) or "(none)"
+            raise UserError(
+                f"unknown parameter {short(unknown[0])} for {self.kind} {self.name!r}; "
+                f"valid parameters: {valid}"
+            )
+        values = {**copy.deepcopy(self.defaults), **given}  # defaults are checked too (and e.g. resolved)
+        for key, value in list(values.items()):
+            value = self._check_bool(where, key, value)
+            try:
+                values[key] = self.adapters[key].validate_python(value)
+            except ValidationError:
+                raise self._bad(where, key, value) from None
+        problem = self.combination(values) if self.combination else None
+        if problem:
+            raise UserError(f"bad parameters for {self.kind} {self.name!r}: {problem}")
+        return values
+
+    def expected(self, key: str) -> str:
+        """The valid values of one parameter, as the error shows them."""
+        return expected(self.annotations[key])
+
+    def _check_bool(self, where: str, key: str, value: Any) -> Any:
+        """numpy booleans as bools; a bool for a parameter that takes none, or a non-bool for a bool one:
+        UserError (pydantic's lax mode would turn True into 1 and "yes" into True)."""
+        if isinstance(value, np.bool_):
+            value = bool(value)
+        bases = _bases(self.annotations[key])
+        if isinstance(value, bool) and not bases & {bool, object}:
+            raise self._bad(where, key, value)
+        if bases <= {bool, type(None)} and not isinstance(value, bool) and value is not None:
+            raise self._bad(where, key, value)
+        return value
+
+    def _bad(self, where: str, key: str, value: Any) -> UserError:
+        return UserError(
+            f"bad value for '{clip(f'{where}.{key}')}' of {self.kind} {self.name!r} ({short(value)}): "
+            f"{self.expected(key)}"
         )
-    return {**defaults, **given}
 
 
-def callable_defaults(fn: Any, skip: int = 0) -> dict[str, Any]:
-    """Keyword parameters (with defaults) of a function, skipping the first ``skip`` positional ones."""
-    params = list(inspect.signature(fn).parameters.values())[skip:]
-    return {
-        p.name: (None if p.default is inspect.Parameter.empty else p.default)
-        for p in params
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-    }
+def declared_params(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(annotations, defaults) of the parameters with a default: a dataclass's init fields, or a
+    function's keyword parameters (a wrapped function is read through ``__wrapped__``)."""
+    if dataclasses.is_dataclass(target) and isinstance(target, type):
+        hints = typing.get_type_hints(target, include_extras=True)
+        defaults: dict[str, Any] = {}
+        for f in dataclasses.fields(target):
+            if not f.init:
+                continue
+            if f.default is not dataclasses.MISSING:
+                defaults[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                defaults[f.name] = f.default_factory()
+    else:
+        fn = inspect.unwrap(target)
+        hints = typing.get_type_hints(fn, include_extras=True)
+        defaults = {
+            p.name: p.default
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty
+        }
+    return {key: hints.get(key, Any) for key in defaults}, defaults
 
 
-def dataclass_defaults(cls: type) -> dict[str, Any]:
-    """Field defaults of a dataclass (the algorithms' hyperparameters)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
+@functools.cache
+def param_spec(kind: str, name: str, target: Any) -> ParamSpec:
+    """The :class:`ParamSpec` of a registered class or function (built once per component)."""
+    annotations, defaults = declared_params(target)
+    return ParamSpec(
+        kind=kind,
+        name=name,
+        annotations=annotations,
+        defaults=defaults,
+        adapters={key: TypeAdapter(a, config=_CONFIG) for key, a in annotations.items()},
+        combination=getattr(target, "check_combination", None),
+    )
+
+
+def param_defaults(kind: str, name: str, target: Any) -> dict[str, Any]:
+    """The declared parameters with their defaults (a fresh copy each time)."""
+    return copy.deepcopy(param_spec(kind, name, target).defaults)
+
+
+def validate_params(
+    kind: str, name: str, target: Any, given: Mapping[str, Any] | None = None, prefix: str | None = None
+) -> dict[str, Any]:
+    """Check ``given`` against ``target``'s declared parameters; every parameter, defaults filled.
+
+    The one entry point for algorithms (``target`` the dataclass), models (the builder) and partition
+    schemes (the scheme function); a bad key or value is a one-line UserError naming the valid ones."""
+    return param_spec(kind, name, target).validate(given or {}, prefix)
+
+
+# ------------------------------------------------------------------------------- what the errors show
+
+
+def _unpack(annotation: Any) -> tuple[Any, list[Any]]:
+    """``Annotated[T, m1, m2]`` -> (T, [m1, m2]); anything else -> (annotation, [])."""
+    if typing.get_origin(annotation) is Annotated:
+        inner, *meta = typing.get_args(annotation)
+        more_inner, more_meta = _unpack(inner)
+        return more_inner, more_meta + meta
+    return annotation, []
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The alternatives of a union (``X | None``), else the annotation itself."""
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return list(typing.get_args(annotation))
+    return [annotation]
+
+
+def _bases(annotation: Any) -> set[type]:
+    """The Python types an annotation admits (``object`` for Any or a type not known here)."""
+    inner, _ = _unpack(annotation)
+    out: set[type] = set()
+    for member in _members(inner):
+        member, _ = _unpack(member)
+        if member is Any:
+            out.add(object)
+        elif member is None or member is type(None):
+            out.add(type(None))
+        elif typing.get_origin(member) is Literal:
+            out.update(type(v) for v in typing.get_args(member))
+        elif isinstance(typing.get_origin(member) or member, type):
+            out.add(typing.get_origin(member) or member)
+        else:
+            out.add(object)
     return out
+
+
+def _bounds(meta: list[Any]) -> str:
+    """' >= 1', ' in (0, 1]', or '' from Field / annotated_types constraints."""
+    lower = upper = None
+    for item in meta:
+        for c in item.metadata if isinstance(item, FieldInfo) else [item]:  # annotated_types' Ge, Gt, ...
+            if getattr(c, "ge", None) is not None:
+                lower = ("[", ">=", c.ge)
+            elif getattr(c, "gt", None) is not None:
+                lower = ("(", ">", c.gt)
+            elif getattr(c, "le", None) is not None:
+                upper = ("]", "<=", c.le)
+            elif getattr(c, "lt", None) is not None:
+                upper = (")", "<", c.lt)
+
+    def num(x: Any) -> str:
+        return f"{x:g}" if isinstance(x, float) else str(x)
+
+    if lower and upper:
+        return f" in {lower[0]}{num(lower[2])}, {num(upper[2])}{upper[0]}"
+    bound = lower or upper
+    return f" {bound[1]} {num(bound[2])}" if bound else ""
+
+
+_NOUNS = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a finite number",
+    str: "a string",
+    dict: "a mapping",
+}
+
+
+def _noun(annotation: Any, outer: list[Any]) -> str:
+    inner, meta = _unpack(annotation)
+    meta = outer + meta
+    origin = typing.get_origin(inner) or inner
+    if inner is Any:
+        return "any value"
+    if inner is None or inner is type(None):
+        return "null"
+    if origin is Literal:
+        return "one of " + ", ".join(str(v) for v in typing.get_args(inner))
+    if origin in (list, tuple):
+        return "a list"
+    text = _NOUNS.get(origin, getattr(origin, "__name__", str(origin)))
+    return text + (_bounds(meta) if origin in (int, float) else "")
+
+
+def expected(annotation: Any) -> str:
+    """What a parameter takes, for an error: ``valid choices: a, b`` for a Literal (or a Literal or null),
+    else ``expected an integer >= 1`` / ``expected a finite number in (0, 1], or null``."""
+    inner, meta = _unpack(annotation)
+    members = [_unpack(m)[0] for m in _members(inner)]
+    choices = [m for m in members if typing.get_origin(m) is Literal]
+    nullable = any(m is None or m is type(None) for m in members)
+    if choices and len(choices) + nullable == len(members):
+        values = [str(v) for m in choices for v in typing.get_args(m)]
+        return "valid choices: " + ", ".join(values + ["null"] * nullable)
+    parts = [_noun(m, meta) for m in _members(inner) if _unpack(m)[0] not in (None, type(None))]
+    return "expected " + " or ".join(parts) + (", or null" if nullable else "")

@@ -47,6 +47,7 @@ from typing import Any
 
 from fedpcd.config import Config, config_from_dict, merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import RunInUseError, UserError, clip
+from fedpcd.run_format import GA, PA_SPLIT, RunFiles
 from fedpcd.utils import make_folder, path_error, show_path
 
 MAIN_KEYS = ("name", "scheme")
@@ -106,6 +107,11 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
         name = re.sub(
             r"[^A-Za-z0-9.=_-]+", "", "_".join(_label(k, v) for k, v in zip(grid, combo, strict=True))
         )
+        if name.strip(".") == "":  # "", "." or "..": not a folder of its own below output_dir
+            raise UserError(
+                f"a run of the sweep in {path} would get the folder name {name!r}, not a folder below "
+                f"{root}; give its setting a label of letters, digits, '=', '_' or '-'"
+            )
         if name in names:
             raise UserError(f"two runs of the sweep in {path} would share the folder name {name!r}")
         names.add(name)
@@ -119,15 +125,15 @@ def run_status(config: Config) -> str:
     'resume' (started: a checkpoint, or only its config.yaml when it was stopped before its first checkpoint,
     which ``resume_run`` restarts from round 0), 'new', or 'stuck' (run files but no config.yaml: it cannot be
     resumed)."""
-    out = Path(config.output_dir)
+    run = RunFiles(config.output_dir)
     try:
-        if (out / "summary.json").exists():
+        if run.summary.exists():
             return "done" if _summary(config) is not None else "broken"
-        if (out / "checkpoint" / "state.pt").exists() or (out / "config.yaml").is_file():
+        if run.checkpoint.exists() or run.config.is_file():
             return "resume"
-        return "stuck" if (out / "metrics.jsonl").exists() else "new"
+        return "stuck" if run.metrics.exists() else "new"
     except OSError as exc:  # e.g. a folder on the way that cannot be searched
-        raise path_error(out, exc, "read the run folder") from None
+        raise path_error(run.path, exc, "read the run folder") from None
 
 
 def _summary(config: Config) -> dict[str, Any] | None:
@@ -135,7 +141,7 @@ def _summary(config: Config) -> dict[str, Any] | None:
     from fedpcd.report import read_summary
 
     try:
-        return read_summary(Path(config.output_dir) / "summary.json")
+        return read_summary(RunFiles(config.output_dir).summary)
     except UserError:
         return None
 
@@ -256,6 +262,11 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
 # while writing never leaves a torn index), updated row by row as runs finish without rewriting the file, and
 # read by the sqlite3 shell, pandas.read_sql or any SQL client.
 
+INDEX_FILE = "index.sqlite"  # in the sweep's output_dir, next to the runs' folders
+# the headline numbers as columns <when>_<name>, e.g. final_ga: name -> metric (names kept from before the
+# metric table; users query them), when: the summary's "final" (last evaluated round) or "best"
+INDEX_METRICS = {"ga": GA, "pa": PA_SPLIT}
+INDEX_WHEN = ("final", "best")
 INDEX_COLUMNS = {
     "output_dir": "TEXT PRIMARY KEY",
     "status": "TEXT",  # done | broken | resume | stuck | new (run_status)
@@ -266,10 +277,7 @@ INDEX_COLUMNS = {
     "participation": "REAL",
     "seed": "INTEGER",
     "rounds": "INTEGER",
-    "final_ga": "REAL",
-    "final_pa": "REAL",  # PA-split of the last evaluated round
-    "best_ga": "REAL",
-    "best_pa": "REAL",
+    **{f"{when}_{name}": "REAL" for when in INDEX_WHEN for name in INDEX_METRICS},
     "wall_s": "REAL",
     "config": "TEXT",  # the resolved config as JSON
     "summary": "TEXT",  # summary.json as written (NULL until the run is done)
@@ -279,15 +287,15 @@ INDEX_COLUMNS = {
 def index_path(path: str | Path, overrides: list[str] | None = None) -> Path:
     """``<output_dir>/index.sqlite`` of a sweep file."""
     raw = merge_dicts(read_yaml(path), parse_overrides(overrides or []))
-    return Path(raw.get("output_dir", "runs/sweep")) / "index.sqlite"
+    return Path(raw.get("output_dir", "runs/sweep")) / INDEX_FILE
 
 
 def index_row(config: Config) -> dict[str, Any]:
     """One index row: the run's status, config and (once done) its summary's headline numbers."""
     status = run_status(config)
     summary = _summary(config) if status == "done" else None
-    final, best = ((summary or {}).get(key) for key in ("final", "best"))
-    final, best = (part if isinstance(part, dict) else {} for part in (final, best))
+    parts = {when: (summary or {}).get(when) for when in INDEX_WHEN}
+    parts = {when: part if isinstance(part, dict) else {} for when, part in parts.items()}
     return {
         "output_dir": config.output_dir,
         "status": status,
@@ -298,10 +306,11 @@ def index_row(config: Config) -> dict[str, Any]:
         "participation": config.participation,
         "seed": config.seed,
         "rounds": config.rounds,
-        "final_ga": final.get("global_acc"),
-        "final_pa": final.get("personal_acc"),
-        "best_ga": best.get("global_acc"),
-        "best_pa": best.get("personal_acc"),
+        **{
+            f"{when}_{name}": parts[when].get(metric.key)
+            for when in INDEX_WHEN
+            for name, metric in INDEX_METRICS.items()
+        },
         "wall_s": (summary or {}).get("wall_s"),
         "config": json.dumps(config.to_dict(), sort_keys=True),
         "summary": json.dumps(summary, sort_keys=True) if summary is not None else None,

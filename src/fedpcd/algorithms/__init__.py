@@ -1,6 +1,7 @@
 """Federated algorithms, one module each, registered by name in ``ALGORITHMS``.
 
-Every module in this package is imported here, so a new algorithm file registers itself.
+Every module in this package is imported here, so a new algorithm file registers itself. An algorithm's
+hyperparameters are its dataclass fields, typed and bounded by their annotations (``fedpcd.params``).
 """
 
 from __future__ import annotations
@@ -9,14 +10,20 @@ import importlib
 import pkgutil
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, Context, LocalTraining
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork
-from fedpcd.errors import UserError
-from fedpcd.params import check_params, dataclass_defaults
+from fedpcd.params import validate_params
 
-__all__ = ["ALGORITHMS", "ClientData", "Context", "FedAvg", "LocalTraining", "LocalWork", "build_algorithm"]
+__all__ = [
+    "ALGORITHMS",
+    "ClientData",
+    "Context",
+    "FedAvg",
+    "LocalTraining",
+    "LocalWork",
+    "algorithm_params",
+    "build_algorithm",
+]
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
@@ -25,10 +32,9 @@ for _module in pkgutil.iter_modules(__path__):
 def build_algorithm(name: str, params: dict[str, Any] | None = None) -> FedAvg:
     """Instantiate a registered algorithm with checked, typed hyperparameters (its dataclass fields)."""
     cls = ALGORITHMS.get(name)
-    values = check_params("algorithm", name, dict(params or {}), dataclass_defaults(cls))
-    try:
-        return TypeAdapter(cls).validate_python(values)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"])
-        raise UserError(f"bad value for algorithm.{key} of {name!r}: {err['msg']}") from None
+    return cls(**validate_params("algorithm", name, cls, params))
+
+
+def algorithm_params(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every hyperparameter of algorithm ``name``: ``params`` checked and coerced, defaults filled."""
+    return validate_params("algorithm", name, ALGORITHMS.get(name), params)

@@ -69,10 +69,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import (
@@ -144,21 +145,22 @@ def no_adaptation(label_counts: Tensor) -> tuple[Tensor, Tensor]:
 class FedGELA(FedAvg):
     """FedGELA: backbone trained against a fixed ETF scaled by the local label distribution (Eq. 4-5)."""
 
-    scale: float = 2.0  # s in s*phi*m^T h: paper sqrt(E_W) (tuned), code 1/tau (tau=0.2 -> 5); see above
+    # s in s*phi*m^T h: paper sqrt(E_W) (tuned), code 1/tau (tau=0.2 -> 5); see above
+    scale: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 2.0
     normalize: Literal["l2", "bn", "bn_l2"] = "l2"  # l2: paper (E_H = 1); bn / bn_l2: code proxies
     projection: Literal["none", "fc", "mlp"] = "fc"  # fc: paper App. C.1; mlp: code; none: model features
-    proj_dim: int | None = None  # projection output = ETF dim d (None: the model's feature_dim)
+    # projection output = ETF dim d (None: the model's feature_dim); needs projection fc or mlp
+    proj_dim: Annotated[int, Field(ge=1)] | None = None
     softmax: Literal["local", "all"] = "local"  # local: paper Eq. 5 (classes C_k); all: code (all C)
     q: Literal["x", "exp", "sqrt"] = "x"  # phi = Q(n_kc/n_k), normalised to sum C (paper Table 6)
     weighting: Literal["samples", "batches"] = "samples"  # n_k (paper) or floor(n_k/B) (code)
 
-    def __post_init__(self) -> None:
-        if not (self.scale > 0 and math.isfinite(self.scale)):
-            raise UserError(f"FedGELA scale must be a positive finite number, got {self.scale}")
-        if self.proj_dim is not None and self.proj_dim < 1:
-            raise UserError(f"FedGELA proj_dim must be a positive integer, got {self.proj_dim}")
-        if self.proj_dim is not None and self.projection == "none":
-            raise UserError("FedGELA proj_dim needs algorithm.projection=fc or mlp")
+    @staticmethod
+    def check_combination(values: dict[str, Any]) -> str | None:
+        """proj_dim sizes a projection: with projection=none it would be ignored, so it is an error."""
+        if values["proj_dim"] is not None and values["projection"] == "none":
+            return f"proj_dim ({values['proj_dim']}) needs projection fc or mlp, not 'none'"
+        return None
 
     # ----- the classifier side: phi, projection tensors, features -----
     def local_adaptation(self, label_counts: Tensor) -> tuple[Tensor, Tensor]:

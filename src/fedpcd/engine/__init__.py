@@ -7,8 +7,9 @@ from typing import Any
 
 from fedpcd.algorithms import FedAvg
 from fedpcd.config import Config, load_config
+from fedpcd.engine.checkpoint import check_checkpoint
 from fedpcd.engine.federation import Federation, build_federation, set_threads
-from fedpcd.engine.rundir import RunDir, check_checkpoint
+from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.simulation import resume_run, run_local
 from fedpcd.errors import UserError
 
@@ -27,14 +28,14 @@ def run_experiment(config: Config, progress: bool = True) -> dict[str, Any]:
 def open_run(run_dir: str | Path) -> tuple[Federation, FedAvg, dict[str, Any]]:
     """A finished run for analysis: its federation (data and partition rebuilt from its config.yaml), its
     algorithm and its last checkpoint (``server``, ``client_states``, ``round``), which must be one of that
-    config (``rundir.check_checkpoint``)."""
+    config (``checkpoint.check_checkpoint``)."""
     path = Path(run_dir)
     run = RunDir(path)
     if not run.checkpoint.exists():
         raise UserError(f"no checkpoint in {path}: this needs the run's final state (archived runs lack it)")
-    config = load_config(path / "config.yaml", [f"output_dir={path}"])
+    config = load_config(run.config, [f"output_dir={path}"])
     set_threads(config)
     fed = build_federation(config)
     state = run.load_checkpoint(fed.device)
-    check_checkpoint(state, run.checkpoint, config)
+    check_checkpoint(state, run, config)
     return fed, fed.new_algorithm(), state

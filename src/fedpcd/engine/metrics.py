@@ -9,7 +9,7 @@
   A): the "GA" that FedRoD's and FedGELA's papers report for methods without a global model ("the averaged
   accuracy of all best local models on the global test dataset", FedGELA section 5.1).
 Across clients each is reported as the unweighted mean, the train-sample-weighted mean and the mean of
-the worst 10% of clients (at least one client).
+the worst 10% of clients (at least one client). Their keys and labels: ``fedpcd.run_format.METRICS``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from fedpcd.models import FedModel
+from fedpcd.run_format import PA_G, PA_L, PA_SPLIT, PA_V
 
 Predictor = Callable[[Tensor], Tensor]
 
@@ -45,6 +46,7 @@ def predict_stacked(logits: Callable[[Tensor], Tensor], x: Tensor, batch_size: i
 
 
 def accuracy(pred: Tensor, y: Tensor) -> float:
+    """The fraction of ``pred`` equal to ``y`` (NaN without samples)."""
     return float((pred == y).float().mean()) if len(y) else float("nan")
 
 
@@ -68,24 +70,26 @@ def pa_v(acc_row: Tensor, label_counts: Tensor) -> float:
 
 
 def split_metrics(pred_split: Tensor, split_y: Tensor) -> dict:
-    """A client's personal metrics from predictions on its local test split only (PA-L, PA-V: None)."""
+    """A client's personal metrics (by ``run_format.PERSONAL`` key) from predictions on its local test split
+    only (PA-L, PA-V, PA-G: None)."""
     return {
-        "pa_split": accuracy(pred_split, split_y) if len(split_y) else None,
-        "pa_l": None,
-        "pa_v": None,
-        "pa_global": None,
+        PA_SPLIT.key: accuracy(pred_split, split_y) if len(split_y) else None,
+        PA_L.key: None,
+        PA_V.key: None,
+        PA_G.key: None,
     }
 
 
 def personal_metrics(pred_test: Tensor, test_y: Tensor, local_test_idx: Tensor, label_counts: Tensor) -> dict:
-    """A client's personal metrics from its personal model's predictions on the full test set."""
+    """A client's personal metrics (by ``run_format.PERSONAL`` key) from its personal model's predictions on
+    the full test set."""
     row = per_class_accuracy(pred_test, test_y, len(label_counts))
     local = local_test_idx
     return {
-        "pa_split": accuracy(pred_test[local], test_y[local]) if len(local) else None,
-        "pa_l": pa_l(row, label_counts),
-        "pa_v": pa_v(row, label_counts),
-        "pa_global": accuracy(pred_test, test_y),
+        PA_SPLIT.key: accuracy(pred_test[local], test_y[local]) if len(local) else None,
+        PA_L.key: pa_l(row, label_counts),
+        PA_V.key: pa_v(row, label_counts),
+        PA_G.key: accuracy(pred_test, test_y),
     }
 
 

@@ -1,11 +1,11 @@
 """The local backend: the round loop in one process, one model object per architecture reused for every
 client (a client without state gets it reset to the architecture's seeded initial weights).
 
-Reliability (engine/guard.py, engine/rundir.py): a client that raises is left out of its round with a
-warning; a non-finite reply stops the run (or, with ``engine.on_divergence: drop``, is left out); the run
-holds a lock on its directory, checkpoints every ``engine.checkpoint_every`` rounds (server and client states,
-the metrics so far, the global RNG states) and ``resume_run`` continues from the last checkpoint to the same
-metrics.jsonl as an uninterrupted run.
+Reliability (engine/guard.py, engine/rundir.py, engine/checkpoint.py): a client that raises is left out
+of its round with a warning; a non-finite reply stops the run (or, with ``engine.on_divergence: drop``, is
+left out); the run holds a lock on its directory, checkpoints every ``engine.checkpoint_every`` rounds (server
+and client states, the metrics so far, the global RNG states) and ``resume_run`` continues from the last
+checkpoint to the same metrics.jsonl as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -21,6 +21,13 @@ from tqdm import tqdm
 from fedpcd.algorithms import FedAvg
 from fedpcd.config import Config, load_config
 from fedpcd.data.stats import partition_json
+from fedpcd.engine.checkpoint import (
+    check_allowed_changes,
+    check_checkpoint,
+    checkpoint_records,
+    checkpoint_state,
+    restore_rng,
+)
 from fedpcd.engine.executor import train_clients
 from fedpcd.engine.federation import (
     Federation,
@@ -32,18 +39,11 @@ from fedpcd.engine.federation import (
 )
 from fedpcd.engine.guard import check_server, screen_replies, warn
 from fedpcd.engine.metrics import accuracy, predict
-from fedpcd.engine.rundir import (
-    RunDir,
-    check_allowed_changes,
-    check_checkpoint,
-    checkpoint_records,
-    checkpoint_state,
-    restore_rng,
-    round_record,
-    summary_of,
-)
+from fedpcd.engine.records import round_record, summary_of
+from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.state_store import state_store_for
 from fedpcd.errors import UserError
+from fedpcd.run_format import headline
 
 RecordHook = Callable[[dict[str, Any]], None]
 
@@ -94,7 +94,7 @@ def run_local(
 
     The run directory is locked for the run (a second process on it gets a UserError naming this one). A
     resume refuses a checkpoint written with another config, but for the ``allow_changes`` keys
-    (``rundir.RESUME_CHANGES``)."""
+    (``checkpoint.RESUME_CHANGES``)."""
     set_threads(config)
     run_dir = RunDir(config.output_dir)
     if not resume:
@@ -109,7 +109,7 @@ def _run_locked(
     ckpt = None
     if resume and run_dir.checkpoint.exists():  # checked before any data is loaded
         ckpt = run_dir.load_checkpoint(resolve_device(config.engine.device))
-        check_checkpoint(ckpt, run_dir.checkpoint, config, allow_changes)
+        check_checkpoint(ckpt, run_dir, config, allow_changes)
         if ckpt["round"] < config.rounds:
             run_dir.discard_summary()  # of a finished run whose rounds were raised: it goes on
     fed = build_federation(config)
@@ -184,7 +184,7 @@ def _run_locked(
                 record["left_out"] = sorted({*screened.failed, *screened.diverged})
             run_dir.append(record)
             records.append(record)
-            bar.set_postfix(GA=_fmt(record["global_acc"]), PA=_fmt(record["personal_acc"]))
+            bar.set_postfix(headline(record))
         wall += round_wall
         every = config.engine.checkpoint_every
         if every and (rnd % every == 0 or rnd == config.rounds):
@@ -203,29 +203,25 @@ def resume_run(
     A run killed before its first checkpoint restarts from round 0 (its config.yaml is kept); a finished
     run (summary.json) is not run again: its summary is returned, unless ``rounds`` was raised (allowed in
     ``allow_changes``): then it goes on. A config.yaml changed since the checkpoint is refused with a
-    one-line diff, but for the ``allow_changes`` keys (only ``rundir.RESUME_CHANGES`` may be given)."""
+    one-line diff, but for the ``allow_changes`` keys (only ``checkpoint.RESUME_CHANGES`` may be given)."""
     check_allowed_changes(allow_changes)
     path = Path(run_dir)
     rd = RunDir(path)
     rd.check_links()
-    if not (path / "config.yaml").is_file():
+    if not rd.config.is_file():
         if rd.checkpoint.exists():
             raise UserError(f"{path} has a checkpoint but no config.yaml: it cannot be resumed")
         raise UserError(
             f"no checkpoint in {path}: nothing to resume (not a fedpcd run directory: no config.yaml)"
         )
-    config = load_config(path / "config.yaml", [f"output_dir={path}"])
-    if (path / "summary.json").exists():
+    config = load_config(rd.config, [f"output_dir={path}"])
+    if rd.summary.exists():
         if not rd.checkpoint.exists():
             return rd.read_summary()
         ckpt = rd.load_checkpoint()
-        check_checkpoint(ckpt, rd.checkpoint, config, allow_changes)
+        check_checkpoint(ckpt, rd, config, allow_changes)
         if ckpt["round"] >= config.rounds:
             return rd.read_summary()
     if not rd.checkpoint.exists():
         warn(f"{path} has no checkpoint (stopped before its first one): restarting it from round 0")
     return run_local(config, resume=True, progress=progress, allow_changes=allow_changes)
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"

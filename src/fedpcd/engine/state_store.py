@@ -27,12 +27,12 @@ import torch
 
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.config import Config
+from fedpcd.engine.checkpoint import load_weights_only
 from fedpcd.engine.federation import to_device
-from fedpcd.engine.rundir import load_weights_only, refuse_link, safe_write, writing
+from fedpcd.engine.rundir import RunDir, refuse_link, safe_write, writing
 
 Backend = Literal["memory", "disk"]
 SUFFIX = ".pt"
-DIRNAME = "client_states"
 
 
 def compact(obj: Any) -> Any:
@@ -158,5 +158,5 @@ class ClientStateStore(MutableMapping[int, Any]):
 def state_store_for(config: Config, device: torch.device | str | None = None) -> ClientStateStore:
     """The store of a run: ``engine.client_state`` (disk: ``<output_dir>/client_states``), on ``device``."""
     backend = config.engine.client_state
-    directory = Path(config.output_dir) / DIRNAME if backend == "disk" else None
+    directory = RunDir(config.output_dir).client_states if backend == "disk" else None
     return ClientStateStore(backend, directory, device)

@@ -32,6 +32,7 @@ from typing import IO, Any
 from fedpcd.config import Config, dump_config
 from fedpcd.errors import UserError
 from fedpcd.flower import _env, procs
+from fedpcd.run_format import RunFiles
 
 CONNECTION = "fedpcd-loopback"
 
@@ -437,8 +438,8 @@ class LoopbackDeployment:
             raise UserError(
                 f"config has clients={config.clients} but this deployment has {self.num_nodes} SuperNodes"
             )
-        out = (self.cwd / config.output_dir).resolve()
-        config = config.model_copy(update={"output_dir": str(out), "backend": "flower"})
+        out = RunFiles((self.cwd / config.output_dir).resolve())
+        config = config.model_copy(update={"output_dir": str(out.path), "backend": "flower"})
         cfg_file = self.base / "runs" / f"config-{time.time_ns()}.yaml"
         cfg_file.parent.mkdir(parents=True, exist_ok=True)
         dump_config(config, cfg_file)
@@ -449,10 +450,10 @@ class LoopbackDeployment:
         run_id = self.submit(
             app_dir, {"config-file": str(cfg_file), "overrides": "", "node-timeout": int(node_timeout)}
         )
-        st = self.wait(run_id, out / "summary.json", timeout)
+        st = self.wait(run_id, out.summary, timeout)
         if st["status"] != "finished:completed":
             raise RuntimeError(
                 f"Flower run {run_id} ended {st['status']}: {st.get('status-details')}; "
                 f"logs in {self.base / 'logs'}"
             )
-        return json.loads((out / "summary.json").read_text())
+        return json.loads(out.summary.read_text())

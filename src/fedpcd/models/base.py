@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from fedpcd.errors import UserError
+from fedpcd.params import validate_params
 from fedpcd.registry import Registry
 
 HEAD_PREFIX = "head."
@@ -50,6 +50,7 @@ Builder = Callable[..., FedModel]
 
 MODELS: Registry[Builder] = Registry("model")
 _ACCEPTS: dict[str, Callable[[int, int], bool]] = {}
+_BUILDERS: dict[str, Builder] = {}  # the builders as written (MODELS holds them wrapped in their checks)
 
 
 def _accepts_any(in_channels: int, image_size: int) -> bool:
@@ -61,47 +62,63 @@ def register_model(
 ) -> Callable[[Builder], Builder]:
     """Register ``builder(in_channels, num_classes, image_size, **params)`` under ``name``.
 
-    ``accepts(in_channels, image_size)`` says whether the architecture can take that input. The registered
-    callable checks its arguments (UserError for bad sizes, too-small inputs and unknown params) and keeps
-    the builder's signature for introspection (``inspect.signature`` follows ``__wrapped__``).
+    The builder's keyword parameters with defaults are the architecture's config keys, typed and bounded
+    by their annotations (``fedpcd.params``). ``accepts(in_channels, image_size)`` says whether the
+    architecture can take that input. The registered callable checks its arguments (UserError for bad
+    sizes, too-small inputs, unknown or bad params) and keeps the builder's signature for introspection
+    (``inspect.signature`` follows ``__wrapped__``).
     """
 
     def decorator(builder: Builder) -> Builder:
-        valid = list(inspect.signature(builder).parameters)[3:]
-
         @functools.wraps(builder)
         def checked(in_channels: int, num_classes: int, image_size: int, **params: object) -> FedModel:
-            for arg, value in (
-                ("in_channels", in_channels),
-                ("num_classes", num_classes),
-                ("image_size", image_size),
-            ):
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise UserError(f"model {name!r}: {arg} must be a positive integer, got {value!r}")
-            unknown = sorted(set(params) - set(valid))
-            if unknown:
-                raise UserError(
-                    f"unknown parameter {unknown[0]!r} for model {name!r}; "
-                    f"valid parameters: {', '.join(sorted(valid)) or '(none)'}"
-                )
-            if not accepts(in_channels, image_size):
-                ok = [n for n in MODELS.names() if _ACCEPTS[n](in_channels, image_size)]
-                raise UserError(
-                    f"input {in_channels}x{image_size}x{image_size} is too small for model {name!r}; "
-                    f"use one of: {', '.join(ok) or '(none)'}"
-                )
-            return builder(in_channels, num_classes, image_size, **params)
+            _check_input(name, in_channels, num_classes, image_size)
+            values = validate_params("model", name, builder, params)
+            return _build(name, in_channels, num_classes, image_size, values)
 
         MODELS.register(name)(checked)
         _ACCEPTS[name] = accepts
+        _BUILDERS[name] = builder
         return checked
 
     return decorator
 
 
+def _check_input(name: str, in_channels: int, num_classes: int, image_size: int) -> None:
+    for arg, value in (
+        ("in_channels", in_channels),
+        ("num_classes", num_classes),
+        ("image_size", image_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"model {name!r}: {arg} must be a positive integer, got {value!r}")
+
+
+def _build(
+    name: str, in_channels: int, num_classes: int, image_size: int, params: dict[str, object]
+) -> FedModel:
+    if not _ACCEPTS[name](in_channels, image_size):
+        ok = [n for n in MODELS.names() if _ACCEPTS[n](in_channels, image_size)]
+        raise UserError(
+            f"input {in_channels}x{image_size}x{image_size} is too small for model {name!r}; "
+            f"use one of: {', '.join(ok) or '(none)'}"
+        )
+    return _BUILDERS[name](in_channels, num_classes, image_size, **params)
+
+
 def build_model(name: str, in_channels: int, num_classes: int, image_size: int, **params: object) -> FedModel:
     """Build a registered model for ``in_channels x image_size x image_size`` inputs and ``num_classes``."""
     return MODELS.get(name)(in_channels, num_classes, image_size, **params)
+
+
+def build_validated(
+    name: str, in_channels: int, num_classes: int, image_size: int, params: dict[str, object]
+) -> FedModel:
+    """Build with ``params`` that ``validate_params`` already returned for this model (the config checks
+    them once, at load): the input is checked, the parameters are not checked again."""
+    MODELS.get(name)
+    _check_input(name, in_channels, num_classes, image_size)
+    return _build(name, in_channels, num_classes, image_size, params)
 
 
 def head_keys(model: nn.Module) -> list[str]:

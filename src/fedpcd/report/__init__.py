@@ -21,15 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd.errors import UserError, clip, short
+from fedpcd.run_format import GA, HEADLINE, REPORTED, RunFiles
 from fedpcd.utils import parse_json, path_error, read_json, show_path
 
-METRICS = [
-    ("global_acc", "GA"),
-    ("personal_acc", "PA-split"),
-    ("pa_l", "PA-L"),
-    ("pa_v", "PA-V"),
-    ("pa_global", "PA-G"),
-]
 IGNORED = {"seed", "output_dir"}
 # run_geometry's angles: the global model over all classes; personal models over held / missing classes
 GEOMETRY_COLUMNS = {"angle_all": "∠all°", "angle_held": "∠held°", "angle_missing": "∠missing°"}
@@ -85,7 +79,7 @@ def _readable_config(config: dict[str, Any]) -> bool:
     return _readable_partition(config.get("partition"))
 
 
-def current_form(config: dict[str, Any], path: str | Path = "config.yaml") -> dict[str, Any]:
+def current_form(config: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """A run's config with the keys added since it was written filled with their defaults, so runs made
     by an older fedpcd group with new ones (as written if it no longer validates but still has the keys the
     report reads; otherwise a UserError naming ``path``)."""
@@ -101,7 +95,7 @@ def current_form(config: dict[str, Any], path: str | Path = "config.yaml") -> di
     return plain
 
 
-_RECORD_NUMBERS = [key for key, _ in METRICS] + ["bytes_up", "bytes_down"]
+_RECORD_NUMBERS = [m.key for m in REPORTED] + ["bytes_up", "bytes_down"]
 
 
 def _record_problem(record: Any) -> str | None:
@@ -186,11 +180,10 @@ def load_runs(root: str | Path) -> list[Run]:
     if not _exists(root):
         raise UserError(f"runs folder not found: {show_path(root)}")
     runs = []
-    for summary_path in sorted(root.rglob("summary.json")):
-        folder = summary_path.parent
-        config = current_form(read_yaml(folder / "config.yaml"), folder / "config.yaml")
-        records = read_metrics(folder / "metrics.jsonl")
-        runs.append(Run(folder, config, records, read_summary(summary_path)))
+    for files in RunFiles.finished_below(root):
+        config = current_form(read_yaml(files.config), files.config)
+        records = read_metrics(files.metrics)
+        runs.append(Run(files.path, config, records, read_summary(files.summary)))
     if not runs:
         raise UserError(f"no finished runs (folders with summary.json) below {show_path(root)}")
     return runs
@@ -200,9 +193,9 @@ def unfinished_runs(root: str | Path) -> list[str]:
     """Run folders below ``root`` (a config.yaml) without a summary.json, relative to ``root``, sorted."""
     root = Path(root)
     return sorted(
-        p.parent.relative_to(root).as_posix()
-        for p in root.rglob("config.yaml")
-        if not (p.parent / "summary.json").exists()
+        files.path.relative_to(root).as_posix()
+        for files in RunFiles.started_below(root)
+        if not files.summary.exists()
     )
 
 
@@ -332,10 +325,9 @@ def all_geometries(runs: list[Run]) -> dict[Path, dict[str, float | None]]:
     and run: minutes for a large folder)."""
     from tqdm import tqdm
 
-    from fedpcd.engine.rundir import RunDir  # torch and the data: only when asked
-    from fedpcd.report.geometry import run_geometry
+    from fedpcd.report.geometry import run_geometry  # torch and the data: only when asked
 
-    with_checkpoint = [r.path for r in runs if RunDir(r.path).checkpoint.exists()]
+    with_checkpoint = [r.path for r in runs if RunFiles(r.path).checkpoint.exists()]
     return {
         p: run_geometry(p) for p in tqdm(with_checkpoint, desc="class-mean angles", unit="run", leave=False)
     }
@@ -376,11 +368,11 @@ def report_table(
     varying, groups = group_runs(runs)
     sections = list(dict.fromkeys(name.partition(".")[0] for name in varying))
     targets = [f"R{x:g}%" for x in rounds_to]
-    deltas = [f"Δ{label} vs {paired_with}" for _, label in METRICS[:2]] if paired_with is not None else []
+    deltas = [f"Δ{m.label} vs {paired_with}" for m in HEADLINE] if paired_with is not None else []
     header = [
         *sections,
         "seeds",
-        *(label for _, label in METRICS),
+        *(m.label for m in REPORTED),
         *deltas,
         *(["GA swing"] if with_swing else []),
         *(["GA best"] if with_best else []),
@@ -394,34 +386,32 @@ def report_table(
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, members in groups.items():
         cells = list(setting_columns(varying, key).values()) + [str(len(members))]
-        for metric, _ in METRICS:
-            vals = [m for m in (last_mean(r.records, metric, last) for r in members) if m is not None]
+        for metric in REPORTED:
+            vals = [v for v in (last_mean(r.records, metric.key, last) for r in members) if v is not None]
             cells.append(mean_std(vals))
         if paired_with is not None:
             pairs = [(run, refs.get(_without_algorithm(run))) for run in members]
-            for metric, _ in METRICS[:2]:
+            for metric in HEADLINE:
                 diffs = []
                 for run, ref in pairs:
-                    mine = last_mean(run.records, metric, last)
-                    theirs = last_mean(ref.records, metric, last) if ref is not None else None
+                    mine = last_mean(run.records, metric.key, last)
+                    theirs = last_mean(ref.records, metric.key, last) if ref is not None else None
                     if mine is not None and theirs is not None:
                         diffs.append(mine - theirs)
                 cells.append(mean_std(diffs, signed=True))
         if with_swing:
             cells.append(
-                mean_std(
-                    [v for v in (swing(r.records, "global_acc", last) for r in members) if v is not None]
-                )
+                mean_std([v for v in (swing(r.records, GA.key, last) for r in members) if v is not None])
             )
         if with_best:
-            every = [last_values(r.records, "global_acc", len(r.records)) for r in members]
+            every = [last_values(r.records, GA.key, len(r.records)) for r in members]
             cells.append(mean_std([max(v) for v in every if v]))
         if geometry:
             angles = [geometries[r.path] for r in members if r.path in geometries]
             for key in GEOMETRY_COLUMNS:
                 cells.append(mean_std([a[key] for a in angles if a[key] is not None], scale=1.0))
         for x in rounds_to:
-            cells.append(rounds_cell([rounds_to_target(r.records, "global_acc", x / 100) for r in members]))
+            cells.append(rounds_cell([rounds_to_target(r.records, GA.key, x / 100) for r in members]))
         cells.append(str(members[0].summary["rounds"]))
         for direction in ("bytes_up", "bytes_down"):
             cells.append(f"{statistics.fmean(mean_bytes(r.records, direction) for r in members) / 1e3:.1f}")
@@ -441,16 +431,16 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
     axes = fig.subplots(1, 2)
     for key, members in groups.items():
         label = ", ".join(setting_columns(varying, key).values()) or "run"
-        for ax, (metric, title) in zip(axes, METRICS[:2], strict=False):
+        for ax, metric in zip(axes, HEADLINE, strict=False):
             by_round: dict[int, list[float]] = {}
             for run in members:
                 for r in run.records:
-                    if r.get(metric) is not None:
-                        by_round.setdefault(r["round"], []).append(r[metric])
+                    if r.get(metric.key) is not None:
+                        by_round.setdefault(r["round"], []).append(r[metric.key])
             rounds = sorted(by_round)
             if rounds:  # a method without this metric (no global model: no GA) gets no line and no entry
                 ax.plot(rounds, [100 * statistics.fmean(by_round[t]) for t in rounds], label=label)
-            ax.set_title(title)
+            ax.set_title(metric.label)
             ax.set_xlabel("round")
             ax.set_ylabel("accuracy (%)")
     for ax in axes:

@@ -28,7 +28,6 @@ from typing import Any
 
 from fedpcd.errors import UserError
 from fedpcd.report import (
-    METRICS,
     Run,
     _flatten,
     _without_algorithm,
@@ -39,6 +38,7 @@ from fedpcd.report import (
     mean_std,
     setting_columns,
 )
+from fedpcd.run_format import GA, HEADLINE, REPORTED, RunFiles
 from fedpcd.utils import atomic_write, atomic_write_text, read_json, show_path
 
 METHOD_SECTION = "algorithm"
@@ -207,8 +207,8 @@ def ranking_table(grid: Grid, last: int) -> str | None:
     first: by GA rank, then the methods without a global model by PA rank. None for a single setting."""
     if len(grid.settings) < 2:
         return None
-    labels = [label for _, label in METRICS[:2]]
-    ranks = [mean_ranks(grid, metric, "last", last) for metric, _ in METRICS[:2]]
+    labels = [m.label for m in HEADLINE]
+    ranks = [mean_ranks(grid, m.key, "last", last) for m in HEADLINE]
     rows = []
     for method in grid.methods:
         means = [statistics.fmean(r[method]) if r.get(method) else float("inf") for r in ranks]
@@ -239,13 +239,11 @@ def communication_table(grid: Grid, reference: str = "fedavg") -> str | None:
             reached, tried = [], 0
             for run in grid.runs(method, setting):
                 ref = refs.get(_without_algorithm(run))
-                target = run_value(ref, "global_acc", "best", 0) if ref is not None else None
-                if target is None or all(r.get("global_acc") is None for r in run.records):
+                target = run_value(ref, GA.key, "best", 0) if ref is not None else None
+                if target is None or all(r.get(GA.key) is None for r in run.records):
                     continue
                 tried += 1
-                first = next(
-                    (r["round"] for r in run.records if (r.get("global_acc") or -1.0) >= target), None
-                )
+                first = next((r["round"] for r in run.records if (r.get(GA.key) or -1.0) >= target), None)
                 if first is not None:
                     per_round = mean_bytes(run.records, "bytes_up") + mean_bytes(run.records, "bytes_down")
                     reached.append((first, first * per_round / 1e6))
@@ -284,12 +282,12 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
     colours = colormaps["tab20"].colors
     for i, method in enumerate(grid.methods):
         members = grid.runs(method, setting)
-        for ax, (metric, title) in zip(axes, METRICS[:2], strict=False):
+        for ax, metric in zip(axes, HEADLINE, strict=False):
             by_round: dict[int, list[float]] = {}
             for run in members:
                 for r in run.records:
-                    if r.get(metric) is not None:
-                        by_round.setdefault(r["round"], []).append(100 * r[metric])
+                    if r.get(metric.key) is not None:
+                        by_round.setdefault(r["round"], []).append(100 * r[metric.key])
             if not by_round:
                 continue
             rounds = sorted(by_round)
@@ -302,10 +300,10 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
                 low = [min(by_round[t]) for t in rounds]
                 high = [max(by_round[t]) for t in rounds]
                 ax.fill_between(rounds, low, high, color=style["color"], alpha=0.15, lw=0)
-            ax.set_title(f"{setting}: {title}")
+            ax.set_title(f"{setting}: {metric.label}")
             ax.set_xlabel("round")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_ylabel(f"{title} (%)")
+            ax.set_ylabel(f"{metric.label} (%)")
             ax.grid(alpha=0.3)
     handles, labels = axes[1].get_legend_handles_labels()
     if len(labels) < len(axes[0].get_legend_handles_labels()[1]):
@@ -318,7 +316,7 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
 def partition_counts(run: Run) -> list[list[int]] | None:
     """The run's client x class train counts from its partition.json (None if the file is missing); a
     malformed file is one line naming it."""
-    path = run.path / "partition.json"
+    path = RunFiles(run.path).partition
     if not path.exists():
         return None
     data = read_json(path, "partition file")
@@ -342,20 +340,20 @@ def cells_csv(grid: Grid, last: int) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     header = ["method", "setting", "seeds"]
-    for metric, _ in METRICS:
+    for metric in REPORTED:
         for protocol in PROTOCOLS:
-            header += [f"{metric}_{protocol}_mean", f"{metric}_{protocol}_std"]
+            header += [f"{metric.key}_{protocol}_mean", f"{metric.key}_{protocol}_std"]
     writer.writerow(header)
-    tables = {(m, p): cell_values(grid, m, p, last) for m, _ in METRICS for p in PROTOCOLS}
+    tables = {(m.key, p): cell_values(grid, m.key, p, last) for m in REPORTED for p in PROTOCOLS}
     for method in grid.methods:
         for setting in grid.settings:
             members = grid.runs(method, setting)
             if not members:
                 continue
             row: list[Any] = [method, setting, len(members)]
-            for metric, _ in METRICS:
+            for metric in REPORTED:
                 for protocol in PROTOCOLS:
-                    vals = tables[(metric, protocol)].get((method, setting), [])
+                    vals = tables[(metric.key, protocol)].get((method, setting), [])
                     row += [
                         f"{statistics.fmean(vals):.6f}" if vals else "",
                         f"{statistics.stdev(vals):.6f}" if len(vals) > 1 else "",
@@ -385,12 +383,12 @@ def paper_sections(
             "the number of settings with a value is in brackets.\n\n"
             f"{ranking}\n"
         )
-    for metric, label in METRICS[:2]:
+    for metric in HEADLINE:
         for protocol in PROTOCOLS:
             how = f"mean of {last_rounds}"
             if protocol == "best":
                 how = "best evaluated round"
-            parts.append(f"## {label} (%), {how}\n\n{pivot_table(grid, metric, protocol, last)}\n")
+            parts.append(f"## {metric.label} (%), {how}\n\n{pivot_table(grid, metric.key, protocol, last)}\n")
     comm = communication_table(grid, reference)
     if comm is not None:
         parts.append(

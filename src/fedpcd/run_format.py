@@ -1,0 +1,158 @@
+"""What a run directory holds, named once (docs/design.md sections 5 and 6): its files and its metrics.
+
+:class:`RunFiles` is the only code that knows the run directory's file names; the engine's
+:class:`fedpcd.engine.rundir.RunDir` (writing, locking, checkpoints) extends it, and the readers of runs
+(``fedpcd report``, ``fedpcd sweep``, the CLI's summary table) use it directly. :data:`METRICS` is the one
+table of the accuracies every consumer shows: their keys in ``metrics.jsonl`` and ``summary.json`` (kept as
+archived runs have them), their labels and what each measures.
+
+No torch here: the report, the sweep and ``fedpcd --help`` start without loading it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class RunFiles:
+    """The paths of one run directory's files (nothing is read or written here)."""
+
+    _CONFIG = "config.yaml"
+    _PARTITION = "partition.json"
+    _METRICS = "metrics.jsonl"
+    _SUMMARY = "summary.json"
+    _CHECKPOINT_DIR = "checkpoint"
+    _CHECKPOINT = "state.pt"
+    _CLIENT_STATES = "client_states"
+    _LOCK = ".lock"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def config(self) -> Path:
+        """``config.yaml``: the resolved config (every key, defaults filled)."""
+        return self.path / self._CONFIG
+
+    @property
+    def partition(self) -> Path:
+        """``partition.json``: every client's train and local test counts per class."""
+        return self.path / self._PARTITION
+
+    @property
+    def metrics(self) -> Path:
+        """``metrics.jsonl``: one record per evaluated round."""
+        return self.path / self._METRICS
+
+    @property
+    def summary(self) -> Path:
+        """``summary.json``: written when the run finishes."""
+        return self.path / self._SUMMARY
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The folder of the checkpoint."""
+        return self.path / self._CHECKPOINT_DIR
+
+    @property
+    def checkpoint(self) -> Path:
+        """``checkpoint/state.pt``: what a resume needs."""
+        return self.checkpoint_dir / self._CHECKPOINT
+
+    @property
+    def client_states(self) -> Path:
+        """``client_states/``: one file per client with ``engine.client_state: disk``."""
+        return self.path / self._CLIENT_STATES
+
+    @property
+    def lock_file(self) -> Path:
+        """``.lock``: the advisory lock of the process running the run."""
+        return self.path / self._LOCK
+
+    def markers(self) -> tuple[Path, ...]:
+        """The files whose presence means the folder holds (part of) a run."""
+        return (self.metrics, self.summary, self.checkpoint)
+
+    def written(self) -> tuple[Path, ...]:
+        """Every file and folder a run writes (but the lock)."""
+        return (
+            self.config,
+            self.partition,
+            self.metrics,
+            self.summary,
+            self.checkpoint_dir,
+            self.client_states,
+        )
+
+    def entries(self) -> tuple[Path, ...]:
+        """Every entry a run writes through, lock included: none may be a symbolic link."""
+        return (self.lock_file, *self.written(), self.checkpoint)
+
+    def holds_run(self) -> bool:
+        """Whether the folder holds (part of) a run: metrics, a summary or a checkpoint."""
+        return any(p.exists() for p in self.markers())
+
+    @classmethod
+    def finished_below(cls, root: str | Path) -> list[RunFiles]:
+        """Every run folder below ``root`` with a summary, in the sorted order of their summary paths."""
+        return [cls(p.parent) for p in sorted(Path(root).rglob(cls._SUMMARY))]
+
+    @classmethod
+    def started_below(cls, root: str | Path) -> list[RunFiles]:
+        """Every run folder below ``root`` with a config.yaml (finished or not), in no particular order."""
+        return [cls(p.parent) for p in Path(root).rglob(cls._CONFIG)]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r})"
+
+
+# ----- the metrics ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One accuracy of the records: its key in metrics.jsonl / summary.json, its label, what it measures."""
+
+    key: str
+    label: str
+    description: str
+
+
+GA = Metric("global_acc", "GA", "the global model on the full, balanced test set")
+PA_SPLIT = Metric(
+    "personal_acc",
+    "PA-split",
+    "each client's personal model on its own local test split (its classes, in its proportions)",
+)
+PA_L = Metric(
+    "pa_l",
+    "PA-L",
+    "personal models on the full test set, per-class accuracies weighted by the client's train label "
+    "distribution",
+)
+PA_V = Metric(
+    "pa_v",
+    "PA-V",
+    "personal models on the full test set, per-class accuracies averaged over the client's classes",
+)
+PA_G = Metric("pa_global", "PA-G", "personal models on the full test set, every class counted")
+
+# how a personal metric is reported over the participants: engine.metrics.summarize's statistic -> key suffix
+STATISTICS = {"mean": "", "weighted": "_weighted", "worst10": "_worst10"}
+PA_WORST10 = Metric(
+    PA_SPLIT.key + STATISTICS["worst10"], "PA worst10%", "PA-split of the worst 10% of clients"
+)
+
+METRICS = (GA, PA_SPLIT, PA_L, PA_V, PA_G, PA_WORST10)  # the table (the summary tables of run and demo)
+PERSONAL = (PA_SPLIT, PA_L, PA_V, PA_G)  # per client (each participant's), then over the participants
+REPORTED = (GA, *PERSONAL)  # the columns of `fedpcd report`
+HEADLINE = (GA, PA_SPLIT)  # the curves, paired differences, progress bars and the Flower log
+ACCURACY_KEYS = (GA.key, *(m.key + suffix for m in PERSONAL for suffix in STATISTICS.values()))
+CLIENT_PA_SPLIT = "client_pa_split"  # a record's PA-split of each kept participant, in the order of "clients"
+
+
+def headline(record: dict[str, Any]) -> dict[str, str]:
+    """``{label: value}`` of the HEADLINE metrics of one round's record, 3 decimals ('-' when None)."""
+    return {m.label: "-" if record.get(m.key) is None else f"{record[m.key]:.3f}" for m in HEADLINE}
