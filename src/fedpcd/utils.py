@@ -174,19 +174,23 @@ def parse_json(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, lines: bo
     return data
 
 
+def read_user_text(path: str | Path, what: str = "file") -> str:
+    """A user's text file; one line naming ``what`` and the path when it is missing, unreadable or not
+    UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{what} {show_path(path)} not found") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {show_path(path)} is not UTF-8 text (byte {exc.start})") from None
+    except (OSError, ValueError) as exc:
+        raise path_error(path, exc, f"read {what}") from None
+
+
 def read_json(path: str | Path, what: str = "file", max_depth: int = MAX_JSON_DEPTH) -> Any:
     """The JSON data in a user's file; one line naming ``what`` and the path for a missing, unreadable,
     non-UTF-8 or invalid file (see :func:`parse_json`)."""
-    where = f"{what} {show_path(path)}"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{where} not found") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{where} is not UTF-8 text (byte {exc.start})") from None
-    except (OSError, ValueError) as exc:
-        raise path_error(path, exc, f"read {what}") from None
-    return parse_json(text, where, max_depth)
+    return parse_json(read_user_text(path, what), f"{what} {show_path(path)}", max_depth)
 
 
 def derive_seed(*parts: int) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 from fedpcd.errors import UserError, clip, short
 from fedpcd.run_format import GA, HEADLINE, REPORTED, RunFiles
-from fedpcd.utils import parse_json, path_error, read_json, show_path
+from fedpcd.utils import parse_json, path_error, read_json, read_user_text, show_path
 
 IGNORED = {"seed", "output_dir"}
 # run_geometry's angles: the global model over all classes; personal models over held / missing classes
@@ -113,17 +113,6 @@ def _record_problem(record: Any) -> str | None:
     ):
         return "'global_class_acc' must be a list of numbers"
     return None
-
-
-def read_user_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{what} {show_path(path)} not found") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{what} {show_path(path)} is not UTF-8 text (byte {exc.start})") from None
-    except (OSError, ValueError) as exc:
-        raise path_error(path, exc, f"read {what}") from None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -11,12 +11,11 @@ from fedpcd.report import (
     last_rounds_phrase,
     load_runs,
     plot_curves,
-    read_user_text,
     report_table,
     unfinished_runs,
 )
 from fedpcd.report.paper import METHOD_SECTION, build_grid, paper_sections, run_class_heatmap
-from fedpcd.utils import check_writable
+from fedpcd.utils import check_writable, read_user_text
 
 
 def output_paths(out: str | Path) -> tuple[Path, Path]:
