@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +109,15 @@ def _run_simulation(
     result: dict[str, Any] = {}
     stop = threading.Event()  # set on the way out: the ServerApp thread stops polling at once
     threads_before = set(threading.enumerate())
-    main_thread = threading.current_thread() is threading.main_thread()
-    sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None  # ray.init replaces it
-    deadline: list[threading.Timer] = []  # started by Ctrl-C, cancelled once the clean-up is done
+    deadline: list[threading.Timer] = []  # started by a signal, cancelled once the clean-up is done
     flwr_log = logging.getLogger("flwr")
     level = flwr_log.level
-    sigint = signal.signal(signal.SIGINT, _on_sigint(stop, deadline)) if main_thread else None
-    with _env.flower_home() as base, _env.quiet_flower(verbose), warnings.catch_warnings():
+    with (
+        _signals_handled(stop, deadline),
+        _env.flower_home() as base,
+        _env.quiet_flower(verbose),
+        warnings.catch_warnings(),
+    ):
         started: set[procs.Proc] = set()
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -141,7 +144,7 @@ def _run_simulation(
                 backend_name="ray",
                 backend_config=ray_backend_config(config, verbose, num_cpus),
             )
-        finally:  # also on Ctrl-C (KeyboardInterrupt) and SIGTERM (Ray's handler raises SystemExit)
+        finally:  # also on Ctrl-C (KeyboardInterrupt) and SIGTERM (SystemExit), see _on_signal
             stop.set()
             _join_new_threads(threads_before, timeout=5.0)
             sampler.join()
@@ -158,10 +161,6 @@ def _run_simulation(
             started.update(p for p in watchdog.with_env_mark(str(base)) if p[0] not in ours)
             leftover = procs.stop(p for p in started if procs.alive(p))
             watchdog.release(guard)
-            if sigterm is not None:
-                signal.signal(signal.SIGTERM, sigterm)
-            if sigint is not None:
-                signal.signal(signal.SIGINT, sigint)
             for timer in deadline:
                 timer.cancel()
     if leftover:  # pragma: no cover - depends on the OS
@@ -177,27 +176,53 @@ def _run_simulation(
 STOP_DEADLINE_S = 8.0  # after Ctrl-C, the most the clean-up may take before the process ends anyway
 
 
-def _on_sigint(stop: threading.Event, deadline: list[threading.Timer]) -> Callable[[int, Any], None]:
-    """Ctrl-C: tell the ServerApp to stop polling at once (so Flower winds down even where it does not let the
-    KeyboardInterrupt through), then raise it; should the clean-up still hang (a Flower or Ray thread that
-    never returns), end the process after STOP_DEADLINE_S: the watchdog stops Ray's processes then."""
+def _on_signal(stop: threading.Event, deadline: list[threading.Timer]) -> Callable[[int, Any], None]:
+    """Ctrl-C or SIGTERM, in this order: tell the ServerApp to stop polling; stop the ClientApps, so that
+    Flower's message workers leave ``ray.get`` (an ActorDiedError, expected and not logged) before Flower
+    shuts Ray down under them (Ray then ends the whole process with exit code 1); raise KeyboardInterrupt
+    (SIGINT) or SystemExit(15) (SIGTERM, as Ray's own handler does). Should the clean-up still hang, the
+    process ends after STOP_DEADLINE_S; the watchdog stops Ray's processes then."""
 
     def handler(signum: int, frame: Any) -> None:
         stop.set()
-        logging.getLogger("flwr").setLevel(logging.CRITICAL)  # ClientApps stopped mid-update: expected errors
-        timer = threading.Timer(STOP_DEADLINE_S, _end_now)
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)
+        procs.stop((p for p in procs.descendants(os.getpid()) if _is_client_app(p)), timeout=2.0)
+        timer = threading.Timer(STOP_DEADLINE_S, _end_now, args=(signum,))
         timer.daemon = True
         timer.start()
         deadline.append(timer)
-        raise KeyboardInterrupt
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(signum)
 
     return handler
 
 
-def _end_now() -> None:
+@contextmanager
+def _signals_handled(stop: threading.Event, deadline: list[threading.Timer]) -> Iterator[None]:
+    """SIGINT and SIGTERM through :func:`_on_signal` for the block (main thread only), Ray's own SIGTERM
+    handler (set by ray.init) kept out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import ray._private.utils as ray_utils
+
+    handler = _on_signal(stop, deadline)
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    set_by_ray = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda _handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = set_by_ray
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
+
+
+def _end_now(signum: int) -> None:
     print(f"fedpcd: interrupted (Flower did not stop within {STOP_DEADLINE_S:.0f} s)", file=sys.stderr)
     sys.stderr.flush()
-    os._exit(130)
+    os._exit(130 if signum == signal.SIGINT else signum)
 
 
 def _sample(into: set[procs.Proc], before: set[procs.Proc], stop: threading.Event) -> None:
