@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
+import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -260,26 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return 0
-    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; SIGTERM where Ray's handler raises SystemExit
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; SIGTERM in a Flower run is SystemExit(15)
+        if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
             raise
         hint = getattr(args, "resume_hint", None)
         print(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}", file=sys.stderr)
-        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code if isinstance(exc.code, int) else 1
-        _exit_if_threads_are_stuck(code)
-        return code
+        return 130 if isinstance(exc, KeyboardInterrupt) else int(signal.SIGTERM)
     return 0
-
-
-def _exit_if_threads_are_stuck(code: int) -> None:
-    """End the process now if threads it cannot join are left (Flower's workers blocked in ``ray.get`` after
-    Ray was shut down): interpreter shutdown would wait for them forever. Everything fedpcd writes is on
-    disk by then (atomic, fsynced files)."""
-    stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
-    if any(t.is_alive() for t in stuck):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 if __name__ == "__main__":

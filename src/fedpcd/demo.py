@@ -3,7 +3,6 @@ itself and a curve plot titled with the setting."""
 
 from __future__ import annotations
 
-import statistics
 import sys
 import textwrap
 from importlib import resources
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fedpcd.config import Config, load_config
 from fedpcd.engine import resume_run, run_experiment
 from fedpcd.engine.rundir import RunDir
-from fedpcd.report import last_values
+from fedpcd.report import last_mean, swing
 from fedpcd.run_format import HEADLINE, METRICS, PA_G
 from fedpcd.utils import text_table
 
@@ -59,14 +58,6 @@ def setting_name(cfg: Config) -> str:
     epochs = f"{cfg.local.epochs} epoch{'s' if cfg.local.epochs != 1 else ''}"
     model = cfg.model.name if isinstance(cfg.model.name, str) else "/".join(cfg.model.name)
     return f"{cfg.dataset.name} {split}{subset}, {model}, {cfg.rounds} rounds x {epochs}, seed {cfg.seed}"
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _swing(values: list[float]) -> float | None:
-    return max(values) - min(values) if len(values) > 1 else None
 
 
 def _pct(value: float | None) -> str:
@@ -141,12 +132,12 @@ def run_demo(out: Path, overrides: list[str], progress: bool = True) -> str:
             records = run_dir.records()
             label = " ".join([name, *(p.removeprefix("algorithm.") for p in params)])
             curves[label] = records
-            values = {m.key: last_values(records, m.key, LAST) for m in METRICS}
             for key in means:
-                if values[key]:
-                    means[key][label] = _mean(values[key])
-                    swings[key][label] = _swing(values[key])
-            rows.append([label, *(_pct(_mean(values[m.key])) for m in METRICS), f"{summary['wall_s']:.1f}"])
+                if (mean := last_mean(records, key, LAST)) is not None:
+                    means[key][label] = mean
+                    swings[key][label] = swing(records, key, LAST)
+            row = [_pct(last_mean(records, m.key, LAST)) for m in METRICS]
+            rows.append([label, *row, f"{summary['wall_s']:.1f}"])
     evaluated = min(len(r) for r in curves.values())
     classes = next(
         (len(r["global_class_acc"]) for rs in curves.values() for r in rs if "global_class_acc" in r), 0
