@@ -23,10 +23,15 @@ from fedpcd.report import Run
 from fedpcd.report.paper import (
     build_grid,
     communication_table,
+    difference_table,
+    legend,
     mean_ranks,
+    paired_differences,
     partition_name,
     pivot_table,
     ranking_table,
+    reading,
+    separation,
 )
 from fedpcd.sweep import expand_sweep, run_status
 
@@ -87,8 +92,9 @@ def test_grid_names_orders_and_pivots_by_hand():
     assert _cells(last, "fedprox mu=0.1")[0] == (
         f"{100 * statistics.fmean(fedprox_p):.2f} ± {100 * statistics.stdev(fedprox_p):.2f}"
     )
-    assert _cells(last, "fedprox mu=0.1")[1] == "**50.00**"  # one seed: no std; ties with fedavg's 50.00
-    assert _cells(last, "fedavg")[1] == "**50.00**"
+    # one seed: no std, "(1)" as the table's fullest cells have 2; ties with fedavg's 50.00
+    assert _cells(last, "fedprox mu=0.1")[1] == "**50.00 (1)**"
+    assert _cells(last, "fedavg")[1] == "**50.00 (1)**"
     best = pivot_table(grid, "global_acc", "best", last=2)
     assert _cells(best, "fedavg")[0] == "**55.00 ± 7.07**"  # best rounds 0.6 and 0.5
     assert _cells(best, "fedprox mu=0.1")[0] == "50.00 ± 28.28"  # 0.7 and 0.3
@@ -116,13 +122,95 @@ def test_mean_ranks_and_ranking_by_hand():
     # PA, last 2: P10C2 fedavg 0.85 > fedprox 0.55; Dir(0.1): 0.7 and 0.7
     assert mean_ranks(grid, "personal_acc", "last", 2) == {"fedavg": [1.0, 1.5], "fedprox mu=0.1": [2.0, 1.5]}
     table = ranking_table(grid, last=2)
-    assert table.splitlines()[0] == "| method | GA mean rank (settings) | PA-split mean rank (settings) |"
+    assert table.splitlines()[0] == (
+        "| method | GA mean rank (settings) | GA ↑/↓ vs fedavg (settings) "
+        "| PA-split mean rank (settings) | PA-split ↑/↓ vs fedavg (settings) |"
+    )
+    # P10C2, fedprox minus fedavg: GA +20 / -25 points (t = 0.18, within the spread), PA-split -40 / -20
+    # (mean -30, std 14.14: 2 std / sqrt 2 = 20 < 30, below); Dir(0.1) has one seed: never marked
     assert [_cells(table, m) for m in ("fedavg", "fedprox mu=0.1")] == [
-        ["1.2 (2)", "1.2 (2)"],
-        ["1.8 (2)", "1.8 (2)"],
+        ["1.2 (2)", "reference", "1.2 (2)", "reference"],
+        ["1.8 (2)", "-", "1.8 (2)", "↓1"],
     ]
     assert table.splitlines()[2].startswith("| fedavg |")  # best mean GA rank first
     assert ranking_table(build_grid(_runs()[:4]), last=2) is None  # one setting: nothing to rank over
+
+
+def test_separation_is_a_t_like_rule_over_paired_seeds():
+    assert separation([0.05]) == 0  # one seed: never marked
+    # mean 0.02, std 0.01: t = 0.02 / (0.01 / sqrt(3)) = 3.46 > 2
+    assert separation([0.01, 0.02, 0.03]) == 1
+    assert separation([-0.01, -0.02, -0.03]) == -1
+    # mean 0.02, std 0.02 (-> t = 1.73 for n = 3): within the spread although every seed is positive
+    assert separation([0.0 + 1e-9, 0.02, 0.04]) == 0
+    assert separation([0.02, 0.02]) == 1  # no spread at all, a non-zero mean
+    assert separation([0.0, 0.0, 0.0]) == 0
+
+
+def _three_seeds():
+    """fedavg and two methods on one partition, 3 seeds, GA curves of 2 rounds (last 1 is read)."""
+    fedavg, fedrs, fedlc = {"name": "fedavg"}, {"name": "fedrs"}, {"name": "fedlc"}
+    ga = {
+        "fedavg": [0.50, 0.60, 0.70],
+        "fedrs": [0.53, 0.62, 0.74],  # +3, +2, +4 points: separated above
+        "fedlc": [0.40, 0.70, 0.69],  # -10, +10, -1: within the spread
+    }
+    runs = []
+    for name, algorithm in (("fedavg", fedavg), ("fedrs", fedrs), ("fedlc", fedlc)):
+        for seed, value in enumerate(ga[name]):
+            runs.append(_run(algorithm, PATHOLOGICAL, seed, [0.1, value], [0.9, 0.9]))
+    runs.append(_run(fedrs, DIRICHLET, 0, [0.1, 0.8], [0.9, 0.9]))  # a second setting: fedrs only, 1 seed
+    runs.append(_run(fedavg, DIRICHLET, 0, [0.1, 0.7], [0.9, 0.9]))
+    return build_grid(runs)
+
+
+def test_three_seeds_paired_differences_marks_and_counts_by_hand():
+    grid = _three_seeds()
+    diffs = paired_differences(grid, "global_acc", "last", 1)
+    assert diffs[("fedrs", "P10C2")] == pytest.approx([0.03, 0.02, 0.04])
+    assert diffs[("fedlc", "P10C2")] == pytest.approx([-0.10, 0.10, -0.01])
+    assert diffs[("fedrs", "Dir(0.1)")] == pytest.approx([0.10])
+    assert ("fedavg", "P10C2") not in diffs
+    table = pivot_table(grid, "global_acc", "last", 1)
+    fedrs = [statistics.fmean([0.53, 0.62, 0.74]), statistics.stdev([0.53, 0.62, 0.74])]
+    assert grid.settings == ["Dir(0.1)", "P10C2"]
+    assert _cells(table, "fedrs")[1] == f"**{100 * fedrs[0]:.2f} ± {100 * fedrs[1]:.2f}** ↑"
+    assert _cells(table, "fedrs")[0] == "**80.00 (1)**"  # one seed: "(1)", no arrow
+    fedlc = [0.40, 0.70, 0.69]  # no arrow: its differences' t = 0.0033 / (0.1 / sqrt 3) < 2
+    assert (
+        _cells(table, "fedlc")[1]
+        == f"{100 * statistics.fmean(fedlc):.2f} ± {100 * statistics.stdev(fedlc):.2f}"
+    )
+    assert _cells(table, "fedavg")[1] == "60.00 ± 10.00"
+    delta = difference_table(grid, "global_acc", "last", 1)
+    assert _cells(delta, "fedrs") == ["+10.00 (1)", "+3.00 ± 1.00 ↑"]
+    assert _cells(delta, "fedlc") == ["-", f"-0.33 ± {100 * statistics.stdev([-0.1, 0.1, -0.01]):.2f}"]
+    assert not any(line.startswith("| fedavg |") for line in delta.splitlines())
+    ranking = ranking_table(grid, last=1)
+    assert _cells(ranking, "fedrs")[:2] == ["1.0 (2)", "↑1"]
+    assert _cells(ranking, "fedlc")[:2] == ["3.0 (1)", "-"]
+
+
+def test_reading_says_only_what_the_marks_support():
+    grid = _three_seeds()
+    text = reading(grid, last=1)
+    assert text.startswith("N = 1-3 seeds per cell")
+    assert "GA, separated from fedavg (↑ / ↓): above it: fedrs (P10C2)." in text
+    assert "PA-split: no method is separated from fedavg." in text  # equal PA everywhere
+    assert "fedlc" not in text  # within the spread: not named
+    # fedavg's GA moves 0.1 -> 0.7 over its last 2 rounds at most (seed 2, P10C2), reading the last 2 rounds
+    assert (
+        "fedavg's own GA moves by up to 60.00 points between its last 2 evaluated rounds (P10C2, seed 2)"
+        in (reading(grid, last=2))
+    )
+    single = build_grid([r for members in grid.cells.values() for r in members if r.config["seed"] == 0])
+    one = reading(single, last=1)
+    assert one.startswith("1 seed in every cell.")
+    assert "no difference to fedavg is marked" in one and "↑" not in pivot_table(
+        single, "global_acc", "last", 1
+    )
+    assert "(1)" not in pivot_table(single, "global_acc", "last", 1)  # every cell has the same n
+    assert "with one seed nothing is marked" in legend(single)
 
 
 def test_communication_rounds_and_megabytes_by_hand():

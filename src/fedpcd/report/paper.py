@@ -5,7 +5,9 @@ that differs between the runs (partition, number of clients, participation, data
 papers name them (P10C2, Dir(0.1), IID; ``K=100`` and ``participation=0.1`` added when they vary). Seeds of
 the same method and setting form one cell: mean ± std over seeds of a per-run value, either the mean over the
 run's last ``last`` evaluated rounds ("last") or its best evaluated round ("best"), the two protocols the
-papers mix; the best method of each column is in bold.
+papers mix; the best method of each column is in bold, "(n)" follows a cell with fewer seeds than the table's
+fullest cell, and an arrow marks a method whose paired difference to the reference method (same setting and
+seed: same partition and initial weights) exceeds the seed spread (``separation``).
 
 Also here: the communication view of FedMR's and FedSC's tables (rounds and megabytes each method needs to
 reach the reference method's best GA of the same setting and seed), one accuracy-vs-round plot per setting
@@ -18,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 import statistics
 from collections import Counter
@@ -37,6 +40,7 @@ from fedpcd.report import (
     mean_bytes,
     mean_std,
     setting_columns,
+    swing,
 )
 from fedpcd.run_format import GA, HEADLINE, REPORTED, RunFiles
 from fedpcd.utils import atomic_write, atomic_write_text, read_json, show_path
@@ -164,9 +168,68 @@ def cell_values(grid: Grid, metric: str, protocol: str, last: int) -> dict[tuple
     return out
 
 
-def pivot_table(grid: Grid, metric: str, protocol: str, last: int) -> str:
-    """Markdown: methods x settings, mean ± std over seeds in %, the column's best mean in bold."""
+ARROWS = {1: "↑", -1: "↓"}
+
+
+def separation(diffs: Sequence[float]) -> int:
+    """+1 (-1) when paired differences are above (below) zero beyond their seed spread:
+    |mean| > 2 std / sqrt(n) with n >= 2 seeds, a t-like rule (t = mean / (std / sqrt(n)) > 2), not a
+    significance test; 0 otherwise, always 0 for a single seed."""
+    if len(diffs) < 2:
+        return 0
+    mean = statistics.fmean(diffs)
+    if abs(mean) <= 2 * statistics.stdev(diffs) / math.sqrt(len(diffs)):
+        return 0
+    return 1 if mean > 0 else -1
+
+
+def _reference_runs(grid: Grid, reference: str) -> dict[str, Run]:
+    """The runs of ``reference``'s method(s) by their whole setting and seed (``_without_algorithm``)."""
+    return {
+        _without_algorithm(run): run
+        for (method, _), members in grid.cells.items()
+        if method.split()[0] == reference
+        for run in members
+    }
+
+
+def paired_differences(
+    grid: Grid, metric: str, protocol: str, last: int, reference: str = "fedavg"
+) -> dict[tuple[str, str], list[float]]:
+    """Per cell of a method other than ``reference``: each seed's value of ``metric`` minus that of the
+    ``reference`` run of the same setting and seed (same partition and initial weights), which removes the
+    spread the seeds share; seeds without such a pair or a value are left out, cells left with none too."""
+    refs = _reference_runs(grid, reference)
+    out = {}
+    for (method, setting), members in grid.cells.items():
+        if method.split()[0] == reference:
+            continue
+        diffs = []
+        for run in members:
+            ref = refs.get(_without_algorithm(run))
+            mine = run_value(run, metric, protocol, last)
+            theirs = run_value(ref, metric, protocol, last) if ref is not None else None
+            if mine is not None and theirs is not None:
+                diffs.append(mine - theirs)
+        if diffs:
+            out[(method, setting)] = diffs
+    return out
+
+
+def seeds_cell(values: Sequence[float], most: int, signed: bool = False) -> str:
+    """``mean_std`` of a cell, followed by "(n)" when it has n seeds, fewer than ``most`` (the table's
+    fullest cell)."""
+    text = mean_std(list(values), signed=signed)
+    return f"{text} ({len(values)})" if values and len(values) < most else text
+
+
+def pivot_table(grid: Grid, metric: str, protocol: str, last: int, reference: str = "fedavg") -> str:
+    """Markdown: methods x settings, mean ± std over seeds in %, the column's best mean in bold, "(n)" after a
+    cell with fewer seeds than the fullest, ↑ / ↓ after a method ``separation`` puts above / below
+    ``reference`` (``paired_differences``)."""
     values = cell_values(grid, metric, protocol, last)
+    diffs = paired_differences(grid, metric, protocol, last, reference)
+    most = max((len(v) for v in values.values()), default=0)
     best = {
         s: max((statistics.fmean(v) for (m, s2), v in values.items() if s2 == s), default=None)
         for s in grid.settings
@@ -179,13 +242,47 @@ def pivot_table(grid: Grid, metric: str, protocol: str, last: int) -> str:
         cells = []
         for setting in grid.settings:
             vals = values.get((method, setting))
-            text = mean_std(vals or [])
+            text = seeds_cell(vals or [], most)
             if vals and statistics.fmean(vals) == best[setting]:
                 text = f"**{text}**"
-            cells.append(text)
+            arrow = ARROWS.get(separation(diffs.get((method, setting), [])))
+            cells.append(f"{text} {arrow}" if arrow else text)
         if any(c != "-" for c in cells):
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def difference_table(grid: Grid, metric: str, protocol: str, last: int, reference: str = "fedavg") -> str:
+    """Markdown: methods x settings, the ``paired_differences`` to ``reference`` in points, mean ± std over
+    the paired seeds, "(n)" and ↑ / ↓ as in ``pivot_table``."""
+    diffs = paired_differences(grid, metric, protocol, last, reference)
+    most = max((len(v) for v in diffs.values()), default=0)
+    lines = ["| method | " + " | ".join(grid.settings) + " |", "|---|" + "---|" * len(grid.settings)]
+    for method in grid.methods:
+        cells = []
+        for setting in grid.settings:
+            vals = diffs.get((method, setting), [])
+            arrow = ARROWS.get(separation(vals))
+            text = seeds_cell(vals, most, signed=True)
+            cells.append(f"{text} {arrow}" if arrow else text)
+        if any(c != "-" for c in cells):
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def separated_settings(
+    grid: Grid, metric: str, last: int, reference: str = "fedavg"
+) -> dict[str, dict[int, list[str]]]:
+    """Per method, the settings where ``separation`` of its last-rounds ``paired_differences`` is +1 / -1."""
+    out: dict[str, dict[int, list[str]]] = {}
+    for (method, setting), diffs in paired_differences(grid, metric, "last", last, reference).items():
+        sign = separation(diffs)
+        if sign:
+            out.setdefault(method, {1: [], -1: []})[sign].append(setting)
+    for sides in out.values():
+        for settings in sides.values():
+            settings.sort(key=grid.settings.index)
+    return out
 
 
 def mean_ranks(grid: Grid, metric: str, protocol: str, last: int) -> dict[str, list[float]]:
@@ -202,34 +299,45 @@ def mean_ranks(grid: Grid, metric: str, protocol: str, last: int) -> dict[str, l
     return ranks
 
 
-def ranking_table(grid: Grid, last: int) -> str | None:
-    """Markdown: every method's mean rank over the settings, for GA and PA-split (last-N protocol), best
-    first: by GA rank, then the methods without a global model by PA rank. None for a single setting."""
+def _separated_text(sides: dict[int, list[str]] | None) -> str:
+    """ "↑2 ↓1": in how many settings a method is separated above / below the reference ("-": none)."""
+    counts = [f"{ARROWS[sign]}{len(sides[sign])}" for sign in (1, -1) if sides and sides[sign]]
+    return " ".join(counts) or "-"
+
+
+def ranking_table(grid: Grid, last: int, reference: str = "fedavg") -> str | None:
+    """Markdown: every method's mean rank over the settings, for GA and PA-split (last-N protocol), each
+    followed by the number of settings where ``separation`` puts the method above / below ``reference``;
+    best first: by GA rank, then the methods without a global model by PA rank. None for a single setting."""
     if len(grid.settings) < 2:
         return None
-    labels = [m.label for m in HEADLINE]
     ranks = [mean_ranks(grid, m.key, "last", last) for m in HEADLINE]
+    separated = [separated_settings(grid, m.key, last, reference) for m in HEADLINE]
     rows = []
     for method in grid.methods:
         means = [statistics.fmean(r[method]) if r.get(method) else float("inf") for r in ranks]
-        texts = [
-            f"{m:.1f} ({len(r[method])})" if r.get(method) else "-" for m, r in zip(means, ranks, strict=True)
-        ]
+        texts = []
+        for mean, rank, marks in zip(means, ranks, separated, strict=True):
+            if not rank.get(method):
+                texts += ["-", "-"]
+            else:
+                vs = "reference" if method.split()[0] == reference else _separated_text(marks.get(method))
+                texts += [f"{mean:.1f} ({len(rank[method])})", vs]
         if any(t != "-" for t in texts):
             rows.append(((*means, method), f"| {method} | " + " | ".join(texts) + " |"))
-    header = "| method | " + " | ".join(f"{label} mean rank (settings)" for label in labels) + " |"
-    return "\n".join([header, "|---|---|---|"] + [line for _, line in sorted(rows)])
+    header = "| method | " + " | ".join(
+        f"{m.label} mean rank (settings) | {m.label} ↑/↓ vs {reference} (settings)" for m in HEADLINE
+    )
+    return "\n".join(
+        [header + " |", "|---" * (1 + 2 * len(HEADLINE)) + "|"] + [line for _, line in sorted(rows)]
+    )
 
 
 def communication_table(grid: Grid, reference: str = "fedavg") -> str | None:
     """Markdown: per method and setting, the rounds and megabytes (up + down) to reach the best GA of the
     ``reference`` run of the same setting and seed. Rounds are evaluated rounds (resolution ``eval_every``);
     megabytes are the mean traffic of an evaluated round times those rounds. None without reference runs."""
-    refs: dict[str, Run] = {}
-    for (method, _), members in grid.cells.items():
-        if method.split()[0] == reference:
-            for run in members:
-                refs[_without_algorithm(run)] = run
+    refs = _reference_runs(grid, reference)
     if not refs:
         return None
     lines = ["| method | " + " | ".join(grid.settings) + " |", "|---|" + "---|" * len(grid.settings)]
@@ -362,6 +470,78 @@ def cells_csv(grid: Grid, last: int) -> str:
     return buffer.getvalue()
 
 
+def _listing(names: Sequence[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def seeds_phrase(grid: Grid) -> str:
+    """'1 seed in every cell' or 'n = 1-3 seeds per cell (the table's (n) marks the cells with fewer)'."""
+    counts = sorted({len(members) for members in grid.cells.values()})
+    if len(counts) == 1:
+        return f"{counts[0]} seed{'s' if counts[0] > 1 else ''} in every cell"
+    return f"n = {counts[0]}-{counts[-1]} seeds per cell (the tables' (n) marks the cells with fewer)"
+
+
+def legend(grid: Grid, reference: str = "fedavg") -> str:
+    """How the tables' cells, counts and arrows are made, and the limits of the arrows."""
+    return (
+        f"Cells: mean ± std over seeds ({seeds_phrase(grid)}; a single value: one seed). ↑ / ↓: the "
+        f"method's paired difference to {reference} (each seed's run minus the {reference} run of the "
+        "same setting and seed: same partition and initial weights) has |mean| > 2 std / √n over its "
+        "n >= 2 paired seeds; with one seed nothing is marked. This is a t-like rule, not a significance "
+        "test: under a t distribution a t of 2 has a two-sided p of about 0.30 for n = 2 and 0.18 for "
+        "n = 3, and over many methods and settings some marks are expected by chance; the std sees only "
+        "what changes with the seed (partition, initial weights, sampling), not the test set or the "
+        "budget. Mean ranks order means; two ranks apart are not thereby separated (only the arrows "
+        "against the reference are)."
+    )
+
+
+def reading(grid: Grid, last: int, reference: str = "fedavg") -> str:
+    """The reading paragraph, generated from the runs: the seeds behind the cells, how far the reference
+    method's own GA moves between its last evaluated rounds, and, per headline metric, the methods
+    ``separation`` puts above or below ``reference`` and where (nothing else is claimed)."""
+    sentences = [f"{seeds_phrase(grid).capitalize()}."]
+    swings = [
+        (value, setting, run.config.get("seed"))
+        for (method, setting), members in grid.cells.items()
+        if method.split()[0] == reference
+        for run in members
+        if (value := swing(run.records, GA.key, last)) is not None
+    ]
+    if swings:
+        value, setting, seed = max(swings, key=lambda x: x[0])
+        sentences.append(
+            f"{reference}'s own GA moves by up to {100 * value:.2f} points between its last "
+            f"{min(last, max(len(r.records) for m in grid.cells.values() for r in m))} evaluated rounds "
+            f"({setting}, seed {seed}): single runs a few points apart are not separated."
+        )
+    most = max((len(members) for members in grid.cells.values()), default=0)
+    if most < 2:
+        sentences.append(
+            f"With one seed per cell no difference to {reference} is marked: the tables and mean ranks "
+            "describe single runs and separate no method from another."
+        )
+        return " ".join(sentences)
+    for metric in HEADLINE:
+        marks = separated_settings(grid, metric.key, last, reference)
+        sides = []
+        for sign, word in ((1, "above"), (-1, "below")):
+            named = [f"{m} ({', '.join(v[sign])})" for m, v in marks.items() if v[sign]]
+            if named:
+                sides.append(f"{word} it: {'; '.join(named)}")
+        if sides:
+            sentences.append(f"{metric.label}, separated from {reference} (↑ / ↓): {' / '.join(sides)}.")
+        else:
+            sentences.append(f"{metric.label}: no method is separated from {reference}.")
+    sentences.append(
+        "No other difference is marked: it is within its seed spread by this rule, or it has a single "
+        "paired seed, which the rule does not judge."
+    )
+    return " ".join(sentences)
+
+
 def paper_sections(
     grid: Grid,
     last: int,
@@ -373,14 +553,18 @@ def paper_sections(
     (a folder), the per-setting curves and partition heatmaps written there and linked through ``link``."""
     from fedpcd.data.stats import plot_counts
 
-    parts = []
     last_rounds = last_rounds_phrase([r for members in grid.cells.values() for r in members], last, False)
-    ranking = ranking_table(grid, last)
+    parts = [
+        f"## Reading (generated from the runs; mean of {last_rounds})\n\n{reading(grid, last, reference)}\n",
+        f"{legend(grid, reference)}\n",
+    ]
+    ranking = ranking_table(grid, last, reference)
     if ranking is not None:
         parts.append(
             f"## Ranking: mean rank over the settings (mean of {last_rounds})\n\n"
             "In each setting the methods are ranked by their mean over seeds (1 = best; ties share a rank); "
-            "the number of settings with a value is in brackets.\n\n"
+            "the number of settings with a value is in brackets, then in how many settings the method is "
+            f"separated above (↑) or below (↓) {reference}.\n\n"
             f"{ranking}\n"
         )
     for metric in HEADLINE:
@@ -388,7 +572,13 @@ def paper_sections(
             how = f"mean of {last_rounds}"
             if protocol == "best":
                 how = "best evaluated round"
-            parts.append(f"## {metric.label} (%), {how}\n\n{pivot_table(grid, metric.key, protocol, last)}\n")
+            table = pivot_table(grid, metric.key, protocol, last, reference)
+            parts.append(f"## {metric.label} (%), {how}\n\n{table}\n")
+        if paired_differences(grid, metric.key, "last", last, reference):
+            parts.append(
+                f"## {metric.label}: paired difference to {reference} (points), mean of {last_rounds}\n\n"
+                f"{difference_table(grid, metric.key, 'last', last, reference)}\n"
+            )
     comm = communication_table(grid, reference)
     if comm is not None:
         parts.append(
