@@ -24,7 +24,7 @@ install: $(PY)
 	  else echo "note: install Debian's dataset-fashion-mnist (sudo apt-get install dataset-fashion-mnist) or set FEDPCD_DATA"; fi; \
 	fi
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,flower]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,flower,docs,trackers]"
 
 demo: install
 	fedpcd demo

@@ -37,7 +37,8 @@ from pathlib import Path
 
 from fedpcd.report import load_runs, mean_std
 from fedpcd.report.document import write_report
-from fedpcd.report.paper import build_grid, cells_csv, run_value, separation
+from fedpcd.report.grid import build_grid, run_value
+from fedpcd.report.paper import cells_csv, separation
 from fedpcd.run_format import REPORTED
 
 REPO = Path(__file__).resolve().parents[1]

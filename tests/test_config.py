@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fedpcd.config import load_config, parse_overrides
+from fedpcd.config import load_config
+from fedpcd.config_input import parse_overrides
 from fedpcd.errors import UserError
 
 

@@ -3,97 +3,68 @@
 from __future__ import annotations
 
 import dataclasses
-import gzip
+import functools
+import http.server
+import io
 import os
-import pickle
 import tarfile
-import urllib.error
-import urllib.request
+import threading
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.io
+import requests
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import requires_fmnist
+from dataset_files import make_cifar, make_idx_set, make_svhn, write_idx
 from fedpcd.data import datasets as dsmod
+from fedpcd.data import files
 from fedpcd.data.datasets import DATASETS, Dataset, load_dataset, stratified_subset
 from fedpcd.errors import UserError
+from fedpcd.utils import current_umask
 
 _ORIGINAL_FEDPCD_DATA = os.environ.get("FEDPCD_DATA")
 
 
 @pytest.fixture(autouse=True)
 def isolated_env(monkeypatch, tmp_path_factory):
-    """No $FEDPCD_DATA, a private download cache, and no network unless a test installs its own URLs."""
+    """No $FEDPCD_DATA, a private download cache, and no network but this machine's (``served``)."""
     monkeypatch.delenv("FEDPCD_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    send = requests.adapters.HTTPAdapter.send
 
-    def no_network(url, *args, **kwargs):
-        if str(url).startswith("file:"):
-            return _real_urlopen(url, *args, **kwargs)
-        raise urllib.error.URLError("network disabled in tests")
+    def loopback_only(adapter, request, *args, **kwargs):
+        if urllib.parse.urlsplit(request.url).hostname == "127.0.0.1":
+            return send(adapter, request, *args, **kwargs)
+        raise requests.ConnectionError("network disabled in tests")
 
-    monkeypatch.setattr(urllib.request, "urlopen", no_network)
-
-
-_real_urlopen = urllib.request.urlopen
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Writers for the real file formats
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", loopback_only)
 
 
-def write_idx(path: Path, arr: np.ndarray, gz: bool) -> Path:
-    data = bytes((0, 0, 0x08, arr.ndim)) + np.asarray(arr.shape, dtype=">u4").tobytes() + arr.tobytes()
-    if gz:
-        path = path.with_name(path.name + ".gz")
-        path.write_bytes(gzip.compress(data))
-    else:
-        path.write_bytes(data)
-    return path
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # no request log on stderr
+        pass
 
 
-def make_idx_set(folder: Path, gz: bool, n_train: int = 30, n_test: int = 12, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    arrays = {
-        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
-        "train-labels-idx1-ubyte": (np.arange(n_train) % 10).astype(np.uint8),
-        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
-        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8),
-    }
-    for stem, arr in arrays.items():
-        write_idx(folder / stem, arr, gz)
-    return arrays
-
-
-def make_cifar(base: Path, hundred: bool, per_batch: int = 4, seed: int = 0) -> tuple[np.ndarray, ...]:
-    rng = np.random.default_rng(seed)
-    folder = base / ("cifar-100-python" if hundred else "cifar-10-batches-py")
-    folder.mkdir(parents=True, exist_ok=True)
-    k = 100 if hundred else 10
-    names = ["train"] if hundred else [f"data_batch_{i}" for i in range(1, 6)]
-    train_x, train_y = [], []
-    for name in [*names, "test"] if hundred else [*names, "test_batch"]:
-        n = per_batch * (5 if hundred and name == "train" else 1)
-        data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
-        labels = [int(v) for v in rng.integers(0, k, n)]
-        batch = {b"batch_label": b"x", b"data": data}
-        if hundred:
-            batch[b"fine_labels"], batch[b"coarse_labels"] = labels, [v // 5 for v in labels]
-        else:
-            batch[b"labels"] = labels
-        (folder / name).write_bytes(pickle.dumps(batch))
-        if name.startswith("test"):
-            test_x, test_y = data, np.array(labels)
-        else:
-            train_x.append(data)
-            train_y.append(np.array(labels))
-    return np.concatenate(train_x), np.concatenate(train_y), test_x, test_y
+@pytest.fixture
+def served(tmp_path):
+    """``(folder, url)``: an HTTP server on 127.0.0.1 serving the files put in ``folder``."""
+    folder = tmp_path / "www"
+    folder.mkdir()
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(folder))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield folder, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+    thread.join()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -200,13 +171,7 @@ def test_corrupt_cifar_batch_names_the_file(tmp_path):
 
 
 def test_svhn_round_trip_and_label_10_is_digit_0(tmp_path):
-    rng = np.random.default_rng(0)
-    mats = {}
-    for split, n in (("train", 12), ("test", 5)):
-        x = rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8)
-        y = (np.arange(n) % 10 + 1).astype(np.uint8).reshape(n, 1)  # 1..10
-        scipy.io.savemat(tmp_path / f"{split}_32x32.mat", {"X": x, "y": y})
-        mats[split] = (x, y)
+    mats = make_svhn(tmp_path, n_train=12, n_test=5)
     ds = load_dataset("svhn", root=tmp_path, download=False)
     assert ds.augment and ds.num_classes == 10
     assert ds.train_x.shape == (12, 3, 32, 32) and ds.test_x.shape == (5, 3, 32, 32)
@@ -265,31 +230,101 @@ def test_fedpcd_data_env_lookup(tmp_path, monkeypatch):
     assert len(load_dataset("mnist", root=tmp_path / "empty", download=False).train_y) == 30
 
 
-def test_idx_download_uses_mirror_list(tmp_path, monkeypatch):
-    mirror = tmp_path / "mirror"
-    arrays = make_idx_set(mirror, gz=True)
-    monkeypatch.setattr(dsmod, "MNIST_URLS", ((tmp_path / "nowhere").as_uri() + "/", mirror.as_uri() + "/"))
+def test_idx_download_uses_mirror_list(tmp_path, served, monkeypatch):
+    www, url = served
+    arrays = make_idx_set(www / "mirror", gz=True)
+    monkeypatch.setattr(dsmod, "MNIST_URLS", (url + "nowhere/", url + "mirror/"))  # the first: 404s
     root = tmp_path / "data"
     ds = load_dataset("mnist", root=root)
     np.testing.assert_array_equal(ds.train_y.numpy(), arrays["train-labels-idx1-ubyte"])
     assert sorted(p.name for p in (root / "mnist").iterdir()) == sorted(f"{s}.gz" for s in arrays)
+    for stem in arrays:  # byte for byte, and a normal file (not the temporary file's 0600)
+        got = root / "mnist" / f"{stem}.gz"
+        assert got.read_bytes() == (www / "mirror" / f"{stem}.gz").read_bytes()
+        assert got.stat().st_mode & 0o777 == 0o666 & ~current_umask()
 
 
-def test_cifar_download_extracts_atomically_into_cache(tmp_path, monkeypatch):
-    src = tmp_path / "src"
-    train_x, *_ = make_cifar(src, hundred=False)
-    archive = tmp_path / "cifar-10-python.tar.gz"
+def _tar(archive: Path, members: dict[str, bytes | str]) -> Path:
+    """A .tar.gz of regular files (bytes) and symbolic links (str: the link's target)."""
     with tarfile.open(archive, "w:gz") as tar:
-        tar.add(src / "cifar-10-batches-py", arcname="cifar-10-batches-py")
-    monkeypatch.setattr(dsmod, "CIFAR10_URL", archive.as_uri())
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            if isinstance(content, str):
+                info.type, info.linkname = tarfile.SYMTYPE, content
+                tar.addfile(info)
+            else:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+    return archive
+
+
+def test_cifar_download_extracts_atomically_into_cache(served, monkeypatch):
+    www, url = served
+    train_x, *_ = make_cifar(www / "src", hundred=False)
+    with tarfile.open(www / "cifar-10-python.tar.gz", "w:gz") as tar:
+        tar.add(www / "src" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    monkeypatch.setattr(dsmod, "CIFAR10_URL", url + "cifar-10-python.tar.gz")
     cache = Path(os.environ["XDG_CACHE_HOME"]) / "fedpcd"
     ds = load_dataset("cifar10")  # no root, no $FEDPCD_DATA: downloads into the cache
     np.testing.assert_array_equal(ds.train_x.reshape(20, -1).numpy(), train_x)
     # Only the extracted folder is left: no archive, no temp files.
     assert sorted(p.name for p in (cache / "cifar10").iterdir()) == ["cifar-10-batches-py"]
     # Found in the cache next time, without a download.
-    monkeypatch.setattr(dsmod, "CIFAR10_URL", (tmp_path / "gone.tar.gz").as_uri())
+    monkeypatch.setattr(dsmod, "CIFAR10_URL", url + "gone.tar.gz")
     assert len(load_dataset("cifar10", download=False).train_y) == 20
+
+
+def test_download_with_a_wrong_checksum_is_one_line_and_leaves_nothing(tmp_path, served):
+    www, url = served
+    (www / "f.bin").write_bytes(b"not the official content")
+    dest = tmp_path / "data"
+    dest.mkdir()
+    files.download_file([url + "f.bin"], dest / "f.bin", md5=files.md5(www / "f.bin"))  # the right one
+    assert (dest / "f.bin").read_bytes() == b"not the official content"
+    wrong = "0" * 32
+
+    def fetch(folder: Path) -> None:
+        files.download_file([url + "f.bin"], folder / "f.bin", md5=wrong)
+
+    with pytest.raises(UserError) as info:
+        files.find_or_download("demo", tmp_path / "root", True, (), (), lambda p: None, fetch, "f.bin")
+    msg = str(info.value)
+    assert f"download failed ({url}f.bin: not the official file (its MD5 is not {wrong}))" in msg
+    assert msg.startswith("demo files not found in ") and "put f.bin under" in msg and "\n" not in msg
+    assert not (tmp_path / "root").exists()  # no partial file, no temporary file, no empty folder
+
+
+@pytest.mark.parametrize(
+    "evil",
+    [
+        {"cifar-10-batches-py/data_batch_1": "/etc/passwd"},  # a link out of the data folder
+        {"cifar-10-batches-py/batches.meta": "data_batch_1"},  # a link inside: still no links
+        {"../escaped": b"x"},
+        {"/tmp/escaped-absolute": b"x"},
+    ],
+    ids=["symlink-out", "symlink-in", "dotdot", "absolute"],
+)
+def test_archive_with_links_or_paths_leaving_it_is_refused(tmp_path, served, monkeypatch, evil):
+    www, url = served
+    _tar(www / "c.tar.gz", {"cifar-10-batches-py/test_batch": b"x", **evil})
+    monkeypatch.setattr(dsmod, "CIFAR10_URL", url + "c.tar.gz")
+    root = tmp_path / "data"
+    with pytest.raises(UserError, match=rf"download failed \(c.tar.gz holds '{list(evil)[0]}', not a plain"):
+        load_dataset("cifar10", root=root)
+    assert not root.exists() and not (tmp_path / "escaped").exists()  # nothing extracted, nothing left
+
+
+def test_extraction_never_writes_through_a_symlinked_folder(tmp_path, served, monkeypatch):
+    www, url = served
+    _tar(www / "c.tar.gz", {"cifar-10-batches-py/test_batch": b"x"})
+    monkeypatch.setattr(dsmod, "CIFAR10_URL", url + "c.tar.gz")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "data" / "cifar10").mkdir(parents=True)
+    (tmp_path / "data" / "cifar10" / "cifar-10-batches-py").symlink_to(elsewhere)
+    with pytest.raises(UserError, match="cifar-10-batches-py is a symbolic link; not writing through it"):
+        load_dataset("cifar10", root=tmp_path / "data")
+    assert list(elsewhere.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------------------

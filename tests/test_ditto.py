@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from conftest import tiny_client
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
+from fedpcd.algorithms import ditto as ditto_module
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
@@ -103,16 +104,16 @@ def test_replies_equal_fedavg_and_personal_model_is_the_state():
 
 
 def _personal_start(monkeypatch, alg, model, payload, state) -> dict:
-    """The v_k the personal training (the ``train`` call whose payload carries the anchor) starts from."""
+    """The v_k the personal training (the loop whose payload carries the anchor) starts from."""
     seen: list[dict] = []
-    real = type(alg).train
+    real = ditto_module.train_loop
 
-    def spy(self, m, data, work, **kwargs):
+    def spy(algorithm, m, data, work, **kwargs):
         if "anchor" in work.payload:
             seen.append({k: v.clone() for k, v in m.state_dict().items()})
-        return real(self, m, data, work, **kwargs)
+        return real(algorithm, m, data, work, **kwargs)
 
-    monkeypatch.setattr(type(alg), "train", spy)
+    monkeypatch.setattr(ditto_module, "train_loop", spy)
     alg.local_update(model, _client(), LocalWork(payload, state, _rng()))
     return seen[-1]
 

@@ -11,6 +11,7 @@ import torch
 
 from conftest import tiny_client
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
+from fedpcd.algorithms import fedavg as fedavg_module
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
@@ -83,13 +84,13 @@ def test_finetuning_starts_from_the_received_global_or_the_local_model(source):
 def test_finetuning_epochs_and_lr(monkeypatch):
     alg = _alg(finetune_epochs=3, finetune_lr=0.5)
     calls: list[tuple[int | None, float | None]] = []
-    real = type(alg).train
+    real = fedavg_module.train_loop
 
-    def spy(self, *args, epochs=None, lr=None):
+    def spy(*args, epochs=None, lr=None):
         calls.append((epochs, lr))
-        return real(self, *args, epochs=epochs, lr=lr)
+        return real(*args, epochs=epochs, lr=lr)
 
-    monkeypatch.setattr(type(alg), "train", spy)
+    monkeypatch.setattr(fedavg_module, "train_loop", spy)
     _update(alg, build_algorithm("fedavg").init_server(_model()))
     assert calls == [(None, None), (3, 0.5)]  # FedAvg's local epochs, then the fine-tuning
 

@@ -250,11 +250,11 @@ def test_relu_features_need_the_default_projection_to_reach_every_etf_column(tmp
     assert bool((algo.embed(model, x, server["proj"]) < 0).any())
 
 
-def test_load_payload_refuses_head_weights(tmp_path):
-    _, algo, model = _federation(tmp_path)
-    full = model.state_dict()
+def test_begin_local_refuses_head_weights(tmp_path):
+    fed, algo, model = _federation(tmp_path)
+    payload = {**algo.payload_for(algo.init_server(model), 0), "model": model.state_dict()}
     with pytest.raises(ValueError, match="must not hold head weights"):
-        algo.load_payload(model, {"model": full}, None)
+        algo.begin_local(model, fed.clients[0], LocalWork(payload, None, torch.Generator()))
 
 
 def test_personal_prediction_never_picks_a_missing_class():

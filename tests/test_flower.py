@@ -1,6 +1,6 @@
 """The Flower backend: same numbers as the local backend, loopback only, every process stopped.
 
-- fast: the ServerApp's Strategy against the ClientApp in this process (a Grid that calls the ClientApp
+- fast: the ServerApp's round loop against the ClientApp in this process (a Grid that calls the ClientApp
   through Flower's wire format), with per-client payloads and client state in ``context.state``;
 - slow: ``run_flower`` through Flower's simulation engine (Ray) on Fashion-MNIST, and a real deployment
   (one SuperLink, two SuperNodes, long-lived ClientApp workers) on 127.0.0.1 via ``flwr run``.
@@ -187,8 +187,54 @@ def test_strategy_with_per_client_payloads_and_client_state_matches_local(
         assert all(torch.equal(got["head"][n], t) for n, t in want["head"].items())
     sampled = {k for r in run_records(tmp_path / "local") for k in r["clients"]}
     assert set(expected) <= set(range(4)) and sampled <= set(expected)
-    # an incomplete checkpoint (client states are on the nodes) is not written
-    assert not (tmp_path / "flower" / "checkpoint" / "state.pt").exists()
+    # the checkpoint is complete: the nodes' states were fetched for it, equal to the local backend's
+    got = torch.load(tmp_path / "flower" / "checkpoint" / "state.pt", weights_only=False)["client_states"]
+    assert sorted(got) == sorted(expected)
+    for k, want in expected.items():
+        assert got[k]["calls"] == want["calls"] and torch.equal(got[k]["scale"], want["scale"])
+
+
+class KilledGrid(InProcessGrid):
+    """An InProcessGrid whose server process 'dies' when round ``kill_at``'s training messages are sent."""
+
+    def __init__(self, node_configs: list[dict], kill_at: int) -> None:
+        super().__init__(node_configs)
+        self.kill_at = kill_at
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if any(m.metadata.group_id == str(self.kill_at) for m in messages):
+            raise KeyboardInterrupt
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("name", ["_flower_test_stateful", "scaffold", "fedavg"])
+def test_a_flower_run_killed_after_round_2_resumes_on_flower_to_the_uninterrupted_metrics(
+    tmp_path, stateful_probe, name, task_identity
+):
+    """The server dies during round 3; the resume starts new nodes (empty states): the checkpoint's client
+    states are sent back to them and the run ends with the local backend's (= uninterrupted) metrics."""
+    args = SMALL + ["clients=4", "rounds=5", "participation=0.75", "seed=4", f"algorithm.name={name}"]
+    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
+    with pytest.raises(KeyboardInterrupt):
+        serve(KilledGrid(_nodes(4), kill_at=3), flower, node_timeout=5)
+    assert [r["round"] for r in run_records(tmp_path / "fl")] == [1, 2]
+    fresh = InProcessGrid(_nodes(4), seed=1)  # new SuperNodes: nothing in their context.state
+    serve(fresh, flower, node_timeout=5, resume=True)
+    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+
+
+@pytest.mark.parametrize("side", ["client", "server"])
+def test_differential_privacy_gives_the_local_numbers_through_flower(tmp_path, side, task_identity):
+    """Clipping in the ClientApp (or the ServerApp) and the seeded noise: the local backend's numbers."""
+    args = SMALL + ["clients=3", "rounds=2", "privacy.clip=0.05", "privacy.noise_multiplier=0.5"]
+    args += [f"privacy.clipping={side}"]
+    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
+    serve(InProcessGrid(_nodes(3)), flower, node_timeout=5)
+    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert [r["dp_clipped"] for r in run_records(tmp_path / "fl")] == [3, 3]
 
 
 # the shared small model of FML / FedKD must fit synthetic's 8x8 images
@@ -526,9 +572,13 @@ def test_a_set_stop_event_ends_the_serverapp_at_its_next_poll(tmp_path, task_ide
 REAL_DATA = ["dataset.name=fmnist", "dataset.train_fraction=0.1", "model.name=simplecnn"]
 
 
-def _flower_cli(out: Path, env_dir: Path, data: list[str] = SMALL) -> subprocess.Popen:
+def _flower_cli(
+    out: Path, env_dir: Path, data: list[str] = SMALL, rounds: int = 500, resume: bool = False
+) -> subprocess.Popen:
     env = {**os.environ, "FLWR_HOME": str(env_dir / "flwr-home"), "RAY_TMPDIR": str(env_dir / "ray")}
-    argv = ["run", "--quiet", "backend=flower", *data, "clients=2", "rounds=500", f"output_dir={out}"]
+    argv = ["run", "--quiet", "backend=flower", *data, "clients=2", f"rounds={rounds}", f"output_dir={out}"]
+    if resume:
+        argv = ["run", "--quiet", "--resume", str(out)]
     with open(env_dir / "stderr.txt", "wb") as log:  # a file, not a pipe nobody drains while it runs
         return subprocess.Popen(
             [sys.executable, "-m", "fedpcd.cli", *argv],
@@ -585,14 +635,24 @@ def test_ctrl_c_and_sigterm_stop_a_flower_run_promptly(flower_tmp_env, sig):
 
 
 @pytest.mark.slow
-def test_sigkill_of_a_flower_run_leaves_no_ray_process_behind(flower_tmp_env):
-    """A SIGKILLed run cannot clean up: its watchdog stops what Ray left (its agents kept listening)."""
+def test_a_sigkilled_flower_run_leaves_no_ray_process_and_resumes_on_flower(flower_tmp_env):
+    """A SIGKILLed run cannot clean up: its watchdog stops what Ray left (its agents kept listening).
+    ``fedpcd run --resume`` then continues it on Flower (SCAFFOLD: the clients' control variates come back
+    from the checkpoint) to the metrics of an uninterrupted run (the local backend's, bitwise equal)."""
     out = flower_tmp_env / "run"
-    proc = _flower_cli(out, flower_tmp_env)
-    seen = _run_until_rounds(proc, out, 1, timeout=240)
+    data = [*SMALL, "algorithm.name=scaffold", "seed=5"]
+    proc = _flower_cli(out, flower_tmp_env, data, rounds=5)
+    seen = _run_until_rounds(proc, out, 2, timeout=240)
     proc.kill()
     proc.wait()
     end = time.monotonic() + 30
     while time.monotonic() < end and [p for p in seen if procs.alive(p)]:
         time.sleep(0.5)
     assert not [p for p in seen if procs.alive(p)], "processes left after SIGKILL"
+    assert not (out / "summary.json").exists()
+    resumed = _flower_cli(out, flower_tmp_env, resume=True)
+    assert resumed.wait(timeout=240) == 0, _stderr(flower_tmp_env)
+    local = flower_tmp_env / "local"
+    args = [*data, "clients=2", "rounds=5", f"output_dir={local}"]
+    run_local(load_config(None, args), progress=False)
+    _assert_same_run(local, out)

@@ -4,27 +4,20 @@ later command uses that environment."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SYSTEM_PYTHON = Path("/usr/bin/python3")
+from install_helpers import ROOT, SYSTEM_PYTHON, clean_env, needs_git_checkout, needs_system_python
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not SYSTEM_PYTHON.exists() or shutil.which("git") is None or not (ROOT / ".git").exists(),
-    reason="needs /usr/bin/python3, git and a git checkout",
-)
+@needs_system_python
+@needs_git_checkout
 def test_make_install_from_a_clean_clone_with_the_system_python(tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"  # no other Python ahead of the system one
+    env = clean_env()
     done = subprocess.run(
         ["make", "install", f"SYSTEM_PYTHON={SYSTEM_PYTHON}"],
         cwd=clone,

@@ -125,13 +125,19 @@ def test_scaffold_option_two_by_hand():
     torch.testing.assert_close(out["w"], torch.tensor([1.5, -4.0]))
 
 
-def test_scaffold_before_step_adds_c_minus_c_i():
+def _corrected(alg, model, work) -> dict[str, torch.Tensor]:
+    """``correct_grads`` of the model's gradients, as the shared loop calls it."""
+    params = dict(model.named_parameters())
+    return alg.correct_grads({k: p.grad for k, p in params.items()}, params, work)
+
+
+def test_scaffold_correct_grads_adds_c_minus_c_i():
     alg, model = _alg("scaffold"), _model()
     correction = {k: torch.full_like(v, 1.0 - 0.25) for k, v in model.named_parameters()}
     _set_grads(model, 2.0)
-    alg.before_step(model, LocalWork({}, None, torch.Generator(), correction=correction))
-    for p in model.parameters():
-        torch.testing.assert_close(p.grad, torch.full_like(p, 2.75))
+    grads = _corrected(alg, model, LocalWork({}, None, torch.Generator(), correction=correction))
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(grads[k], torch.full_like(p, 2.75))
 
 
 def test_scaffold_control_denominator_is_all_local_steps():
@@ -139,9 +145,10 @@ def test_scaffold_control_denominator_is_all_local_steps():
     grads: list[dict[str, torch.Tensor]] = []
 
     class Recording(Scaffold):
-        def before_step(self, model, work):
-            super().before_step(model, work)
-            grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
+        def correct_grads(self, grads_in, params, work):
+            out = super().correct_grads(grads_in, params, work)
+            grads.append({k: g.clone() for k, g in out.items()})
+            return out
 
     alg = Recording()
     alg.setup(_alg("scaffold", epochs=2).ctx)
@@ -244,14 +251,14 @@ def test_fednova_equal_steps_without_momentum_equals_fedavg(tmp_path):
 # ----- FedDyn -----
 
 
-def test_feddyn_before_step_adds_dynamic_regulariser_gradient():
+def test_feddyn_correct_grads_adds_dynamic_regulariser_gradient():
     alg, model = _alg("feddyn", alpha=0.5), _model()
     prev = {k: v.clone() - 1.0 for k, v in model.state_dict().items()}  # theta - theta^{t-1} = 1
     linear = {k: torch.full_like(p, -0.25) for k, p in model.named_parameters()}  # grad state 0.25
     _set_grads(model, 2.0)
-    alg.before_step(model, LocalWork({"model": prev}, None, torch.Generator(), linear=linear))
-    for p in model.parameters():  # 2 - 0.25 + 0.5 * 1
-        torch.testing.assert_close(p.grad, torch.full_like(p, 2.25))
+    grads = _corrected(alg, model, LocalWork({"model": prev}, None, torch.Generator(), linear=linear))
+    for k, p in model.named_parameters():  # 2 - 0.25 + 0.5 * 1
+        torch.testing.assert_close(grads[k], torch.full_like(p, 2.25))
 
 
 def test_feddyn_client_gradient_state_update():
@@ -282,16 +289,16 @@ def test_feddyn_alpha_zero_is_rejected():
 # ----- FedDC -----
 
 
-def test_feddc_before_step_adds_correction_and_drift_penalty():
+def test_feddc_correct_grads_adds_correction_and_drift_penalty():
     alg, model = _alg("feddc", alpha=0.5), _model()
     w = {k: v.clone() - 1.0 for k, v in model.state_dict().items()}  # theta - w = 1
     drift = {k: torch.full_like(p, 0.5) for k, p in model.named_parameters()}
     correction = {k: torch.full_like(p, 0.25) for k, p in model.named_parameters()}  # c - c_i
     _set_grads(model, 2.0)
     work = LocalWork({"model": w}, {"drift": drift}, torch.Generator(), correction=correction)
-    alg.before_step(model, work)
-    for p in model.parameters():  # 2 + 0.25 + 0.5 * (1 + 0.5)
-        torch.testing.assert_close(p.grad, torch.full_like(p, 3.0))
+    grads = _corrected(alg, model, work)
+    for k, p in model.named_parameters():  # 2 + 0.25 + 0.5 * (1 + 0.5)
+        torch.testing.assert_close(grads[k], torch.full_like(p, 3.0))
 
 
 def test_feddc_drift_update_and_corrected_upload():

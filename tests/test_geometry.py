@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from fedpcd.algorithms.fedavg import feature_map
 from fedpcd.algorithms.fedgela import simplex_etf
 from fedpcd.cli import main
 from fedpcd.config import load_config
@@ -58,7 +59,7 @@ def test_fedgela_global_features_are_what_the_etf_classifies(tmp_path):
     x = fed.dataset.normalized("test")[:16]
     with torch.no_grad():
         logits = algo.global_predictor(model, server)(x)
-        h = algo.global_features(model, server)(x)
+        h = feature_map(algo.global_predictor(model, server), model)(x)
     assert h.shape == (16, server["etf"].shape[0])
     assert torch.allclose(h.norm(dim=1), torch.ones(16))  # L2-normalised h_hat
     assert torch.allclose(logits, algo.scale * h @ server["etf"], atol=1e-6)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from conftest import run_records
-from fedpcd.algorithms import ALGORITHMS
+from fedpcd.algorithms import ALGORITHMS, FedAvg
 from fedpcd.algorithms.base import clone_state, local_steps, tensor_bytes
 from fedpcd.cli import main
 from fedpcd.config import load_config
@@ -88,7 +88,7 @@ def guide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Module
         yield modules
     finally:
         for name, module in modules.items():
-            ALGORITHMS._items.pop(name, None)  # the registry has no public removal: tests only
+            ALGORITHMS.unregister(name)
             sys.modules.pop(module.__name__, None)
 
 
@@ -129,12 +129,30 @@ def test_each_example_registers_its_algorithm(guide, capsys):
 
 def test_the_examples_override_only_hooks_of_the_guides_table(guide):
     hooks = guide_hooks()
-    assert {"loss", "end_local", "aggregate", "begin_local", "load_payload", "personal_predictor"} <= hooks
+    assert {"loss", "end_local", "aggregate", "private_keys", "personal_predictor"} <= hooks
     for name in NAMES:
         cls = ALGORITHMS.get(name)
         own = {k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")}
         assert own, name
         assert own <= hooks, f"{name} overrides {sorted(own - hooks)}, which the hook table lacks"
+
+
+def test_the_hook_table_is_fedavgs_whole_contract():
+    """Every public method of FedAvg is a hook of the guide's table and every hook of the table is one: the
+    table and the class cannot drift apart, and the contract stays small."""
+    public = {k for k, v in vars(FedAvg).items() if callable(v) and not k.startswith("_")}
+    assert public == guide_hooks()
+    assert len(public) <= 16
+
+
+def test_the_hook_table_names_who_calls_each_hook():
+    section = GUIDE.read_text(encoding="utf-8").split("\n## The hooks", 1)[1].split("\n## ", 1)[0]
+    rows = [r.split("|") for r in section.splitlines() if r.startswith("| ") and "`" in r]
+    assert len(rows) == len(guide_hooks())  # one row per hook
+    callers = ("server loop", "client update", "evaluation", "report", "Federation.new_algorithm", "FedAvg's")
+    for cells in rows:
+        assert any(c in cells[3] for c in callers), cells[2]
+        assert cells[4].strip(), cells[2]  # a default
 
 
 def test_the_example_blocks_are_ruff_clean(tmp_path):
@@ -262,7 +280,7 @@ def test_guide_per_keeps_the_head_on_the_client(guide, tmp_path):
             assert not _equal_states(states[r.client], initial_head)  # ... trained
         server = algorithm.aggregate(server, [r.reply for r in results])
         assert set(server["model"]) == body
-        assert _equal_states(server["initial_head"], initial_head)  # no client's head reached the server
+        assert _equal_states(server["initial"], initial_head)  # no client's head reached the server
     assert not _equal_states(states[0], states[1])  # personal: each client has its own
 
 

@@ -28,12 +28,44 @@ def test_per_class_accuracy_by_hand():
 
 
 def test_pa_l_and_pa_v_by_hand():
-    row = torch.tensor([0.9, 0.5, 0.1, float("nan")], dtype=torch.float64)
-    counts = torch.tensor([30, 10, 0, 0])
-    # p = (0.75, 0.25, 0, 0): 0.75 * 0.9 + 0.25 * 0.5
-    assert pa_l(row, counts) == pytest.approx(0.8)
-    # classes held: 0 and 1
-    assert pa_v(row, counts) == pytest.approx(0.7)
+    # FedNH Sec. 4.1: sum_j alpha(y_j) 1(y_j = pred_j) / sum_j alpha(y_j) over the test samples
+    y = torch.tensor([0, 0, 1, 1, 2, 3])
+    pred = torch.tensor([0, 1, 1, 1, 2, 0])
+    counts = torch.tensor([30, 10, 0, 0])  # p = (0.75, 0.25, 0, 0)
+    assert pa_l(pred, y, counts) == pytest.approx((0.75 * 1 + 0.25 * 2) / (0.75 * 2 + 0.25 * 2))
+    assert pa_v(pred, y, counts) == pytest.approx(3 / 4)  # the samples of classes 0 and 1: 3 of 4 right
+
+
+def test_pa_l_and_pa_v_weight_samples_not_classes_on_an_unbalanced_test_set():
+    y = torch.tensor([0, 0, 0, 0, 1, 2])  # class 0 has 4 test samples, class 1 one
+    pred = torch.tensor([0, 0, 0, 1, 1, 0])  # A = (3/4, 1, 0)
+    counts = torch.tensor([5, 5, 0])  # p = (1/2, 1/2, 0)
+    assert pa_l(pred, y, counts) == pytest.approx((0.5 * 3 + 0.5 * 1) / (0.5 * 4 + 0.5 * 1))  # 0.8
+    assert pa_v(pred, y, counts) == pytest.approx(4 / 5)
+    row = per_class_accuracy(pred, y, 3)
+    assert float(0.5 * row[0] + 0.5 * row[1]) == pytest.approx(0.875)  # the per-class form differs
+
+
+def test_pa_l_and_pa_v_equal_the_per_class_forms_on_a_balanced_test_set():
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(5).repeat(20)  # 20 test samples per class
+    pred = torch.randint(0, 5, (100,), generator=g)
+    counts = torch.tensor([7, 0, 3, 12, 1])
+    row = per_class_accuracy(pred, y, 5).double()
+    held = counts > 0
+    p = counts.double() / counts.sum()
+    # equal in real arithmetic; in float64 they differ by a few ulps of sums of at most 100 terms
+    assert pa_l(pred, y, counts) == pytest.approx(float((p[held] * row[held]).sum()), abs=1e-12)
+    assert pa_v(pred, y, counts) == pytest.approx(float(row[held].mean()), abs=1e-12)
+
+
+def test_pa_l_and_pa_v_skip_held_classes_without_test_samples():
+    y = torch.tensor([0, 0, 1])
+    pred = torch.tensor([0, 1, 1])
+    counts = torch.tensor([1, 2, 1])  # class 2: held, but no test sample (contributes to neither sum)
+    assert pa_l(pred, y, counts) == pytest.approx((0.25 * 1 + 0.5 * 1) / (0.25 * 2 + 0.5 * 1))
+    assert pa_v(pred, y, counts) == pytest.approx(2 / 3)
+    assert math.isnan(pa_v(pred, y, torch.tensor([0, 0, 4])))  # no test sample of a held class
 
 
 def test_personal_metrics_uses_local_split_and_full_test():

@@ -15,7 +15,9 @@ import torch.nn.functional as F
 
 from conftest import tiny_client
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
+from fedpcd.algorithms import fedrep as fedrep_module
 from fedpcd.algorithms.base import balanced_softmax_loss, log_prior, tensor_bytes
+from fedpcd.algorithms.fedavg import train_loop
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.models import backbone_keys, build_model, head_keys
@@ -109,7 +111,7 @@ def test_private_part_never_travels_and_a_new_client_starts_from_its_fresh_model
     alg, model = _alg(name), _model()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     server = alg.init_server(model)
-    shared = set(alg.shared_keys(model))
+    shared = set(model.state_dict()) - set(alg.private_keys(model))
     payloads = [alg.payload_for(server, k) for k in range(3)]
     assert all(set(p) == {"model"} and set(p["model"]) == shared for p in payloads)
     # a client without state starts from the private part of the model it is handed (the engine resets it
@@ -131,7 +133,7 @@ def test_fedper_trains_head_and_body_and_keeps_the_head_across_rounds():
     assert not torch.equal(state["head.weight"], server["initial"]["head.weight"])
     server = alg.aggregate(server, [reply])
     p1 = alg.payload_for(server, 0)
-    alg.load_payload(model, p1, state)
+    alg.begin_local(model, _client(), LocalWork(p1, state, _rng()))
     assert torch.equal(model.head.weight, state["head.weight"])  # private head restored from the state
     assert all(torch.equal(model.state_dict()[k], v) for k, v in server["model"].items())
 
@@ -166,7 +168,8 @@ def test_lgfedavg_averages_only_the_head_and_has_no_global_model():
         server["model"]["head.bias"], (8 * r0["model"]["head.bias"] + 3 * r1["model"]["head.bias"]) / 11
     )
     assert alg.global_predictor(model, server) is None
-    alg.load_payload(model, alg.payload_for(server, 0), s0)  # own body, the new global head
+    # own body, the new global head
+    alg.begin_local(model, _client(0), LocalWork(alg.payload_for(server, 0), s0, _rng()))
     assert torch.equal(model.head.bias, server["model"]["head.bias"])
     assert all(torch.equal(model.state_dict()[k], v) for k, v in s0.items())
 
@@ -203,11 +206,11 @@ def test_fedrep_head_phase_leaves_the_body_and_body_phase_leaves_the_head():
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
     state = server["initial"]
-    alg.load_payload(model, payload, state)
-    alg.train(model, _client(), LocalWork(payload, state, _rng(), phase="head"), epochs=1)
+    alg.begin_local(model, _client(), LocalWork(payload, state, _rng()))
+    train_loop(alg, model, _client(), LocalWork(payload, state, _rng(), phase="head"), epochs=1)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in server["model"].items())
     head = {k: v.clone() for k, v in model.head.state_dict().items()}
-    alg.train(model, _client(), LocalWork(payload, state, _rng(), phase="body"), epochs=1)
+    train_loop(alg, model, _client(), LocalWork(payload, state, _rng(), phase="body"), epochs=1)
     assert _equal(head, model.head.state_dict())
     assert not torch.equal(model.state_dict()["fc1.weight"], server["model"]["fc1.weight"])
 
@@ -215,13 +218,13 @@ def test_fedrep_head_phase_leaves_the_body_and_body_phase_leaves_the_head():
 def test_fedrep_default_body_epochs_are_local_epochs(monkeypatch):
     alg, model = _alg("fedrep", epochs=3, head_epochs=0), _model()
     calls: list[int | None] = []
-    real = type(alg).train
+    real = fedrep_module.train_loop
 
-    def count(self, *args, epochs=None, lr=None):
+    def count(*args, epochs=None, lr=None):
         calls.append(epochs)
-        return real(self, *args, epochs=epochs, lr=lr)
+        return real(*args, epochs=epochs, lr=lr)
 
-    monkeypatch.setattr(type(alg), "train", count)
+    monkeypatch.setattr(fedrep_module, "train_loop", count)
     alg.local_update(model, _client(), LocalWork(alg.payload_for(alg.init_server(model), 0), None, _rng()))
     assert calls == [0, None]  # head phase of 0 epochs, then the body for local.epochs (3)
 

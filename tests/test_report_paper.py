@@ -20,14 +20,13 @@ import yaml
 from fedpcd.cli import main
 from fedpcd.errors import UserError
 from fedpcd.report import Run
+from fedpcd.report.grid import build_grid, partition_name
 from fedpcd.report.paper import (
-    build_grid,
     communication_table,
     difference_table,
     legend,
     mean_ranks,
     paired_differences,
-    partition_name,
     pivot_table,
     ranking_table,
     reading,

@@ -1,8 +1,64 @@
-"""fedpcd: federated learning under label skew and partially class-disjoint data."""
+"""fedpcd: federated learning under label skew and partially class-disjoint data.
 
+The Python API (:mod:`fedpcd.api`)::
+
+    import fedpcd
+
+    result = fedpcd.run("configs/example.yaml", rounds=2, algorithm__name="fednh")
+    result.metrics  # one row per evaluated round (a pandas DataFrame)
+
+Its names are loaded on first use, so ``import fedpcd`` (and the command line) stays light: no torch, no
+pandas until they are needed.
+"""
+
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedpcd.api import RunResult, describe, load_index, load_runs, partition, run
+    from fedpcd.config import Config, load_config
+    from fedpcd.errors import UserError
 
 try:
     __version__ = version("fedpcd")  # defined once, in pyproject.toml
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
+
+_HOMES = {
+    "run": "fedpcd.api",
+    "RunResult": "fedpcd.api",
+    "load_runs": "fedpcd.api",
+    "load_index": "fedpcd.api",
+    "partition": "fedpcd.api",
+    "describe": "fedpcd.api",
+    "load_config": "fedpcd.config",
+    "Config": "fedpcd.config",
+    "UserError": "fedpcd.errors",
+}
+__all__ = [
+    "Config",
+    "RunResult",
+    "UserError",
+    "describe",
+    "load_config",
+    "load_index",
+    "load_runs",
+    "partition",
+    "run",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (PEP 562)."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'fedpcd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -110,6 +110,12 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> None:
+    if args.name is not None:
+        from fedpcd.api import describe
+
+        print(describe(args.name))
+        return
+
     from fedpcd.algorithms import ALGORITHMS
     from fedpcd.data.datasets import DATASETS
     from fedpcd.data.partition import PARTITIONERS
@@ -233,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=cmd_report)
 
     lst = sub.add_parser("list", help="algorithms, datasets, partition schemes and models")
+    lst.add_argument(
+        "name",
+        nargs="?",
+        metavar="NAME",
+        help="one algorithm, model, dataset or partition scheme: its paper, a one-line description and its "
+        "parameters with their types and defaults",
+    )
     lst.set_defaults(func=cmd_list)
 
     demo = sub.add_parser("demo", help="a short comparison of methods on Fashion-MNIST P10C2")

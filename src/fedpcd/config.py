@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
-import struct
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fedpcd.config_input import check_values, merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import UserError, clip, short
 from fedpcd.params import validate_params
 
-MAX_DEPTH = 32  # nesting levels of a config (YAML file, override value, or the merged tree)
 MAX_THREADS = 1024  # engine.threads
 MAX_MODEL_PARAMS = 10**8  # weights of one model, for the largest built-in input (3x32x32, 100 classes)
-_INT64 = 2**63
 
 
 class _Strict(BaseModel):
@@ -126,6 +123,47 @@ class EngineConfig(_Strict):
         return value
 
 
+class TrackingConfig(_Strict):
+    """Experiment trackers mirroring every metrics.jsonl row and the resolved config (``fedpcd.trackers``,
+    docs/trackers.md; the extra ``fedpcd[trackers]``). By default all they write stays in the run directory:
+    W&B offline under ``wandb/``, MLflow in a file store ``mlruns/``."""
+
+    loggers: list[Literal["csv", "tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
+    # the W&B project and the MLflow experiment
+    project: str = Field("fedpcd", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    group: str | None = Field(None, min_length=1, max_length=128)  # W&B group, MLflow tag; a sweep: its name
+    wandb_mode: Literal["offline", "online"] = "offline"
+    mlflow_uri: str | None = Field(None, min_length=1)  # None: a file store at <output_dir>/mlruns
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _one_or_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("loggers")
+    @classmethod
+    def _each_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) < len(value):
+            raise ValueError("list each logger once (csv, tensorboard, wandb, mlflow)")
+        return value
+
+
+class PrivacyConfig(_Strict):
+    """Differential privacy with fixed clipping on every backend (``fedpcd.engine.privacy``): each client's
+    model update clipped to L2 norm ``clip`` (on the ``client`` or the ``server``), Gaussian noise of std
+    ``noise_multiplier * clip / m`` on the aggregate of m updates. ``clip: null`` (default): off."""
+
+    clip: float | None = Field(None, gt=0.0, le=1e6)
+    noise_multiplier: float = Field(0.0, ge=0.0, le=1e6)
+    clipping: Literal["client", "server"] = "client"
+
+    @model_validator(mode="after")
+    def _noise_needs_clip(self) -> PrivacyConfig:
+        if self.noise_multiplier > 0 and self.clip is None:
+            raise ValueError("privacy.noise_multiplier > 0 needs privacy.clip (the noise is scaled by it)")
+        return self
+
+
 class Config(_Strict):
     seed: int = Field(0, ge=0)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
@@ -144,112 +182,12 @@ class Config(_Strict):
     personal_test: Literal["full", "split"] = "full"
     backend: Literal["local", "flower"] = "local"
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "runs/example"
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
-
-
-class _Refused(Exception):
-    """YAML that the config loader refuses (aliases, deep nesting, unreadable numbers)."""
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses aliases (``*name``: a few hundred bytes of them expand to gigabytes)
-    and nesting deeper than ``MAX_DEPTH`` levels."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            if event.anchor in self.anchors:  # an undefined alias stays a YAML error
-                raise _Refused(
-                    f"uses the YAML alias *{clip(event.anchor, 40)} "
-                    f"(line {event.start_mark.line + 1}); aliases are not allowed in configs: write it out"
-                )
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise _Refused(f"is nested more than {MAX_DEPTH} levels deep")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def load_yaml(text: str) -> Any:
-    """YAML text as plain data, without aliases or deep nesting (those raise ``_Refused``)."""
-    loader = _ConfigLoader(text)
-    try:
-        return loader.get_single_data()
-    except (ValueError, OverflowError) as exc:  # e.g. an integer of more than 4300 digits
-        raise _Refused(f"holds a value that cannot be read ({clip(str(exc), 60)})") from None
-    finally:
-        loader.dispose()
-
-
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """``["a.b=1", "c=x"]`` -> ``{"a": {"b": 1}, "c": "x"}``; values are parsed as YAML scalars/lists."""
-    tree: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key or any(not part for part in key.split(".")):
-            raise UserError(
-                f"bad override {short(item)}; expected KEY=VALUE with a dotted key, e.g. partition.beta=0.1"
-            )
-        try:
-            value = load_yaml(raw) if raw else None
-        except yaml.YAMLError:
-            value = raw
-        except _Refused as exc:
-            raise UserError(f"override '{clip(key)}' {exc}") from None
-        node = tree
-        *parents, leaf = key.split(".")
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise UserError(f"override {short(item)} conflicts with an earlier override of {short(part)}")
-            node = child
-        node[leaf] = value
-    return tree
-
-
-def merge_dicts(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge_dicts(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML config file; a missing, unreadable, non-UTF-8 or non-mapping one: UserError."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"config file {p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    except OSError as exc:
-        raise UserError(f"cannot read config file {p}: {exc.strerror or exc}") from None
-    try:
-        data = load_yaml(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"config file {p} is not valid YAML{where}") from None
-    except _Refused as exc:
-        raise UserError(f"config file {p} {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"config file {p} must hold a mapping of keys, got {type(data).__name__}")
-    return data
 
 
 def _one_line(exc: ValidationError, model: type[BaseModel]) -> str:
@@ -278,48 +216,20 @@ def _one_line(exc: ValidationError, model: type[BaseModel]) -> str:
 SWITCHES = (("partition", "scheme"), ("model", "name"), ("algorithm", "name"))
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (or defaults), apply dotted overrides, validate and resolve."""
-    raw = read_yaml(path) if path is not None else {}
-    extra = parse_overrides(overrides or [])
+def apply_overrides(raw: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` updated by the nested overrides ``extra``; an override that switches the scheme, model or
+    algorithm (``SWITCHES``) drops that section's other keys of ``raw`` (they were for the old choice)."""
     for section, key in SWITCHES:
         given, new = raw.get(section), extra.get(section)
         if isinstance(given, dict) and isinstance(new, dict) and key in new and new[key] != given.get(key):
-            raw = {
-                **raw,
-                section: {},
-            }  # another scheme/model/algorithm: the file's parameters were for the old one
-    return config_from_dict(merge_dicts(raw, extra))
+            raw = {**raw, section: {}}
+    return merge_dicts(raw, extra)
 
 
-def check_values(tree: Any, key: str = "", depth: int = 0) -> None:
-    """Every value of a config tree: at most ``MAX_DEPTH`` levels deep, no NUL in a string (not a path or a
-    name), integers that fit in 64 bits, floats finite and representable as float32 (what tensors hold)."""
-    name = clip(key or "config")
-    if depth > MAX_DEPTH:
-        raise UserError(f"config key '{name}' is nested more than {MAX_DEPTH} levels deep")
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            check_values(v, f"{key}.{k}" if key else str(k), depth + 1)
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            check_values(v, f"{key}[{i}]", depth + 1)
-    elif isinstance(tree, str) and "\x00" in tree:
-        raise UserError(f"bad value for '{name}' ({short(tree)}): contains a NUL character")
-    elif isinstance(tree, int) and not isinstance(tree, bool) and not -_INT64 <= tree < _INT64:
-        raise UserError(f"bad value for '{name}' ({short(tree)}): must fit in 64 bits (|x| < 2^63)")
-    elif isinstance(tree, float):
-        if not math.isfinite(tree):
-            raise UserError(f"bad value for '{name}' ({tree!r}): must be a finite number")
-        try:
-            as_float32 = struct.unpack("f", struct.pack("f", tree))[0]
-        except OverflowError:
-            as_float32 = math.inf
-        if math.isinf(as_float32) or (tree != 0.0 and as_float32 == 0.0):
-            raise UserError(
-                f"bad value for '{name}' ({tree!r}): must be representable as float32 (0, or 1.4e-45 <= |x| "
-                "<= 3.4e+38)"
-            )
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or defaults), apply dotted overrides, validate and resolve."""
+    raw = read_yaml(path) if path is not None else {}
+    return config_from_dict(apply_overrides(raw, parse_overrides(overrides or [])))
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
@@ -427,12 +337,20 @@ def dump_config(config: Config, path: str | Path) -> None:
     atomic_write_text(path, config_yaml(config))
 
 
+def run_setting(data: dict[str, Any]) -> dict[str, Any]:
+    """A config dict (config.yaml's) without what does not change a run's numbers: ``output_dir``,
+    ``tracking``, and ``privacy`` while it is off (runs made before that section existed have none)."""
+    data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking")}
+    if data.get("privacy") == PrivacyConfig().model_dump(mode="json"):
+        del data["privacy"]
+    return data
+
+
 def canonical_config(config: Config) -> str:
-    """The resolved config as canonical JSON (sorted keys), without ``output_dir``: what a run computes,
-    not where it lives. Its SHA-256 (:func:`config_hash`) identifies a run's config in its checkpoints."""
-    data = config.to_dict()
-    data.pop("output_dir", None)
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+    """The resolved config as canonical JSON (sorted keys) of its :func:`run_setting`: what a run computes,
+    not where it lives or who watches it. Its SHA-256 (:func:`config_hash`) identifies a run's config in
+    its checkpoints."""
+    return json.dumps(run_setting(config.to_dict()), sort_keys=True, separators=(",", ":"))
 
 
 def config_hash(text: str) -> str:

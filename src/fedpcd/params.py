@@ -265,3 +265,32 @@ def expected(annotation: Any) -> str:
         return "valid choices: " + ", ".join(values + ["null"] * nullable)
     parts = [_noun(m, meta) for m in _members(inner) if _unpack(m)[0] not in (None, type(None))]
     return "expected " + " or ".join(parts) + (", or null" if nullable else "")
+
+
+_TYPE_WORDS = {dict: "mapping", list: "list", tuple: "list"}
+
+
+def type_text(annotation: Any) -> str:
+    """A parameter's annotation, readable: ``float > 0``, ``int >= 1, or null``, ``one of: a, b``."""
+    inner, meta = _unpack(annotation)
+    words: list[str] = []
+    options: list[str] = []
+    nullable = False
+    for member in _members(inner):
+        member, own = _unpack(member)
+        origin = typing.get_origin(member) or member
+        if member is None or member is type(None):
+            nullable = True
+        elif origin is Literal:
+            options.extend(str(v) for v in typing.get_args(member))
+        elif member is Any:
+            words.append("any")
+        elif origin in (int, float):
+            words.append(origin.__name__ + _bounds(meta + own))
+        else:
+            words.append(_TYPE_WORDS.get(origin, getattr(origin, "__name__", str(origin))))
+    if options:
+        words.insert(0, "one of: " + ", ".join(options + ["null"] * nullable))
+    elif nullable:
+        words.append("null")
+    return ", or ".join(words)

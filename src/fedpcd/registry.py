@@ -1,13 +1,43 @@
-"""Name -> object registries for datasets, partitioners, models and algorithms."""
+"""Name -> object registries for datasets, partitioners, models and algorithms.
+
+Each registry also holds the plugins of its entry-point group (``PLUGIN_GROUPS``, docs/plugins.md): an
+entry point names a module (or an object in one) whose import registers classes. A registry imports its
+plugins once, the first time it is queried, after its built-ins; so every process that looks a name up
+(the CLI, sweep workers, Flower nodes) sees the same plugins.
+"""
 
 from __future__ import annotations
 
+import importlib
+import threading
 from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint, entry_points
 from typing import Generic, TypeVar
 
-from fedpcd.errors import choices
+from fedpcd.errors import UserError, choices, clip
 
 T = TypeVar("T")
+
+# registry kind -> (entry-point group, the module whose import registers the built-ins)
+PLUGIN_GROUPS = {
+    "algorithm": ("fedpcd.algorithms", "fedpcd.algorithms"),
+    "model": ("fedpcd.models", "fedpcd.models"),
+    "dataset": ("fedpcd.datasets", "fedpcd.data.datasets"),
+    "partition scheme": ("fedpcd.partitions", "fedpcd.data.schemes"),
+}
+
+_LOCK = threading.RLock()  # one thread imports the plugins; re-entered by a plugin that queries a registry
+
+
+def _plugin_label(ep: EntryPoint) -> str:
+    dist = f" from {ep.dist.name}" if getattr(ep, "dist", None) is not None else ""
+    return f"{ep.name!r} ({ep.group} = {ep.value}{dist})"
+
+
+def _load_error(ep: EntryPoint, err: Exception) -> UserError:
+    """One line naming the plugin and what its import raised (a message of several lines is joined)."""
+    text = clip(" ".join(str(err).split()), 200)
+    return UserError(f"plugin {_plugin_label(ep)} failed to load: {type(err).__name__}: {text}")
 
 
 class Registry(Generic[T]):
@@ -16,25 +46,53 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._plugins_loaded = kind not in PLUGIN_GROUPS
+        self._plugin_error: UserError | None = None
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
             if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
+                taken = getattr(self._items[name], "__module__", "another module")
+                raise ValueError(f"{self.kind} {name!r} is already registered by {taken}")
             self._items[name] = obj
             return obj
 
         return decorator
 
+    def _load_plugins(self) -> None:
+        """Import the built-ins, then every entry point of this kind's group (once per process)."""
+        with _LOCK:
+            if not self._plugins_loaded:
+                self._plugins_loaded = True  # set first: a plugin's own queries must not load it again
+                group, builtins = PLUGIN_GROUPS[self.kind]
+                importlib.import_module(builtins)
+                for ep in entry_points(group=group):
+                    try:
+                        ep.load()
+                    except Exception as err:
+                        self._plugin_error = _load_error(ep, err)
+                        break
+        if self._plugin_error is not None:
+            raise self._plugin_error
+
+    def unregister(self, name: str) -> T:
+        """Remove ``name`` (e.g. a test's temporary registration) and return its object."""
+        if name not in self._items:
+            raise choices(self.kind, name, list(self._items))
+        return self._items.pop(name)
+
     def get(self, name: str) -> T:
+        self._load_plugins()
         if name not in self._items:
             raise choices(self.kind, name, list(self._items))
         return self._items[name]
 
     def names(self) -> list[str]:
+        self._load_plugins()
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        self._load_plugins()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:

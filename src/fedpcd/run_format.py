@@ -27,6 +27,11 @@ class RunFiles:
     _CHECKPOINT = "state.pt"
     _CLIENT_STATES = "client_states"
     _LOCK = ".lock"
+    _TRACKERS = "trackers.json"
+    _METRICS_CSV = "metrics.csv"
+    _TENSORBOARD = "tensorboard"
+    _WANDB = "wandb"
+    _MLRUNS = "mlruns"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -71,6 +76,32 @@ class RunFiles:
         """``.lock``: the advisory lock of the process running the run."""
         return self.path / self._LOCK
 
+    @property
+    def trackers(self) -> Path:
+        """``trackers.json``: the experiment trackers' run ids and the last round each logged
+        (``fedpcd.trackers``)."""
+        return self.path / self._TRACKERS
+
+    @property
+    def metrics_csv(self) -> Path:
+        """``metrics.csv``: the metrics.jsonl records as a table (``tracking.loggers: [csv]``)."""
+        return self.path / self._METRICS_CSV
+
+    @property
+    def tensorboard(self) -> Path:
+        """``tensorboard/``: TensorBoard's event files (``tracking.loggers: [tensorboard]``)."""
+        return self.path / self._TENSORBOARD
+
+    @property
+    def wandb(self) -> Path:
+        """``wandb/``: the Weights & Biases run files (``tracking.loggers: [wandb]``)."""
+        return self.path / self._WANDB
+
+    @property
+    def mlruns(self) -> Path:
+        """``mlruns/``: the default MLflow file store (``tracking.loggers: [mlflow]``)."""
+        return self.path / self._MLRUNS
+
     def markers(self) -> tuple[Path, ...]:
         """The files whose presence means the folder holds (part of) a run."""
         return (self.metrics, self.summary, self.checkpoint)
@@ -84,6 +115,11 @@ class RunFiles:
             self.summary,
             self.checkpoint_dir,
             self.client_states,
+            self.trackers,
+            self.metrics_csv,
+            self.tensorboard,
+            self.wandb,
+            self.mlruns,
         )
 
     def entries(self) -> tuple[Path, ...]:
@@ -129,13 +165,13 @@ PA_SPLIT = Metric(
 PA_L = Metric(
     "pa_l",
     "PA-L",
-    "personal models on the full test set, per-class accuracies weighted by the client's train label "
-    "distribution",
+    "personal models on the full test set, samples weighted by the client's train label distribution "
+    "(FedNH PM(L))",
 )
 PA_V = Metric(
     "pa_v",
     "PA-V",
-    "personal models on the full test set, per-class accuracies averaged over the client's classes",
+    "personal models on the full test set, the samples of the client's classes (FedNH PM(V))",
 )
 PA_G = Metric("pa_global", "PA-G", "personal models on the full test set, every class counted")
 

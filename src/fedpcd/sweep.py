@@ -20,7 +20,9 @@ values, applied at once, with an optional ``label`` that names it in the folder 
         - {label: P5C2, clients: 5, partition: {scheme: pathological, classes_per_client: 2}}
 
 Every sweep keeps ``<output_dir>/index.sqlite``, one row per run of the grid (its config and summary as JSON
-plus the headline numbers as columns), updated as runs finish; see ``write_index``.
+plus the headline numbers as columns), updated as runs finish; see ``write_index``. With ``tracking.loggers``,
+each run is its own tracker run, grouped under the name of the sweep's output_dir (``tracking.group`` unless
+the file sets it).
 
 Running the sweep again skips finished runs and resumes interrupted ones from their checkpoints. A run that
 fails (an exception, e.g. a diverging method) is reported and the sweep goes on with the others; so is a run
@@ -45,7 +47,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from fedpcd.config import Config, config_from_dict, merge_dicts, parse_overrides, read_yaml
+from fedpcd.config import Config, config_from_dict
+from fedpcd.config_input import merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import RunInUseError, UserError, clip
 from fedpcd.run_format import GA, PA_SPLIT, RunFiles
 from fedpcd.utils import make_folder, path_error, show_path
@@ -116,6 +119,9 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
             raise UserError(f"two runs of the sweep in {path} would share the folder name {name!r}")
         names.add(name)
         run["output_dir"] = str(root / name)
+        tracking = run.get("tracking")
+        if isinstance(tracking, dict) and tracking.get("loggers"):  # its runs group as the sweep in trackers
+            tracking.setdefault("group", (root.resolve().name or "sweep")[:128])
         configs.append(config_from_dict(run))
     return configs
 

@@ -53,6 +53,8 @@ class Context:
     local: LocalTraining = field(default_factory=LocalTraining)
     heterogeneous: bool = False  # clients have different architectures (config model.name is a list/map)
     input_shape: tuple[int, int, int] | None = None  # (channels, height, width) of one sample
+    # state-dict keys of the reference model (client 0's architecture) that are parameters, not buffers
+    parameter_names: tuple[str, ...] = ()
 
 
 @dataclass

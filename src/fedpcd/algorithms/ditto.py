@@ -36,7 +36,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, clone_state, sq_distance
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply, train_loop
 
 
 @ALGORITHMS.register("ditto")
@@ -63,7 +63,7 @@ class Ditto(FedAvg):
             model.load_state_dict(initial if initial is not None else payload["model"])
         anchor = payload["model"] if self.anchor == "global" else reply["model"]
         work.payload = {**payload, "anchor": anchor}
-        self.train(model, data, work, plain_sgd=self.personal_optimizer == "sgd")
+        train_loop(self, model, data, work, plain_sgd=self.personal_optimizer == "sgd")
         work.state = clone_state(model)
         return reply, work.state
 

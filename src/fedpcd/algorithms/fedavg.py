@@ -1,15 +1,16 @@
 """FedAvg (McMahan et al., AISTATS 2017, Algorithm 1): local SGD, then a sample-weighted model average.
 
 This class is also the algorithm contract: every other algorithm subclasses it and overrides only the hooks
-its paper changes. Hooks and the order the engine calls them in:
+its paper changes (docs/adding-an-algorithm.md lists all 16, with who calls each and when):
 
 server: ``init_server`` once; each round ``payload_for`` per sampled client, then ``aggregate``;
-        ``global_predictor`` for generic accuracy (GA).
-client: ``local_update`` (default: ``begin_local`` = ``load_payload``; ``fit`` = the shared ``train`` loop
-        driven by ``loss`` and ``correct_grads``; ``end_local`` = the reply), then ``personal_predictor`` for
-        the personal metrics, evaluated where the client state lives. Every client hook gets the update's
-        :class:`LocalWork`, which holds all of its working values; the algorithm object holds only its
-        hyperparameters and ``ctx``.
+        ``global_predictor`` (and ``extra_global_predictors``) for the generic accuracy (GA).
+client: ``local_update`` = ``begin_local`` (the one place a payload is loaded into the model), ``fit`` (the
+        shared loop :func:`train_loop`, driven by ``trainable_parameters``, ``loss`` and ``correct_grads``),
+        ``end_local`` (the reply and the new state); then ``personal_predictor`` for the personal metrics,
+        evaluated where the client state lives. Every client hook gets the update's :class:`LocalWork`,
+        which holds all of its working values; the algorithm object holds only its hyperparameters and
+        ``ctx``. ``private_keys`` names the model weights that never leave the client (FedPer's head).
 
 Server state, payloads, replies and client state are dicts of tensors, numbers and strings: nothing may rely
 on running in one process. Client state holds only what is personal (None for FedAvg).
@@ -50,6 +51,10 @@ class LocalWork:
       is the client's new state;
     - ``received``: the payload as received;
     - ``rng``: the client's generator (seeded from run seed, round and client id);
+    - ``steps``: the optimiser steps taken so far (:func:`train_loop` counts them; FedNova's tau_i);
+    - ``traceable``: True where the loss runs under ``torch.func.vmap`` (the vectorized executor): it must
+      then take its traceable form (no data-dependent Python control flow or boolean indexing, no random
+      draws), equal to the other up to float rounding;
     - the method's working values, plain attributes its hooks set and read (FedNH's ``work.scale``,
       SCAFFOLD's ``work.correction``, FedRoD's ``work.personal_head``), listed by :meth:`working_values`.
 
@@ -57,13 +62,15 @@ class LocalWork:
     values of the round's clients along a leading client dimension; a loss reads them the same way then.
     """
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("round", "payload", "state", "received", "rng")
+    FIELDS: ClassVar[tuple[str, ...]] = ("round", "payload", "state", "received", "rng", "steps", "traceable")
 
     round: int
     payload: Payload
     state: Any
     received: Payload
     rng: torch.Generator
+    steps: int
+    traceable: bool
 
     def __init__(
         self,
@@ -73,6 +80,7 @@ class LocalWork:
         *,
         round: int = 1,
         received: Payload | None = None,
+        traceable: bool = False,
         **values: Any,
     ) -> None:
         self.round = round
@@ -80,6 +88,8 @@ class LocalWork:
         self.state = state
         self.received = payload if received is None else received
         self.rng = rng
+        self.steps = 0
+        self.traceable = traceable
         for name, value in values.items():
             setattr(self, name, value)
 
@@ -93,6 +103,37 @@ class LocalWork:
 
     def __repr__(self) -> str:
         return f"LocalWork(round={self.round}, values={sorted(self.working_values())})"
+
+
+TensorLogits = Callable[[nn.Module, Tensor, dict[str, Any]], Tensor]
+
+
+@dataclass(frozen=True)
+class Readout:
+    """A predictor that is the model's weights plus a few tensors: x -> ``logits(model, x, tensors)`` (a
+    fixed ETF, prototypes, a private head beside the model).
+
+    Returned by ``personal_predictor`` (or ``global_predictor``) instead of a closure, it lets the vectorized
+    executor stack the clients' ``tensors`` and evaluate them at once (``logits`` must be tensor code);
+    ``features`` (default: ``model.features``) is what its classifier reads, the feature space of
+    ``fedpcd report --geometry`` (FedGELA: the projected h)."""
+
+    model: nn.Module
+    logits: TensorLogits
+    tensors: dict[str, Any]
+    features: TensorLogits | None = None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        self.model.eval()
+        return self.logits(self.model, x, self.tensors)
+
+
+def feature_map(predictor: Predictor, model: nn.Module) -> Predictor:
+    """x -> the features the classifier of ``predictor`` (a predictor over ``model``) reads."""
+    if isinstance(predictor, Readout) and predictor.features is not None:
+        features, tensors = predictor.features, predictor.tensors
+        return lambda x: features(model, x, tensors)
+    return lambda x: model.features(x).flatten(1)
 
 
 @ALGORITHMS.register("fedavg")
@@ -109,210 +150,42 @@ class FedAvg:
         holds only its hyperparameters, ``ctx`` and what is derived from them (never a client's values)."""
         self.ctx = ctx
 
+    def private_keys(self, model: nn.Module) -> list[str]:
+        """State-dict keys of ``model`` that stay on the client as its state (FedPer: the head; none for
+        FedAvg). FedAvg's server, ``begin_local`` and ``end_local`` then move only the other keys: a client
+        without state starts from its model's seeded initial private part, the generic model uses the
+        initial private part (FedNH Sec. 4.1)."""
+        return []
+
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """Initial server state from the seeded initial model."""
-        return {"model": clone_state(model)}
+        """Initial server state from the seeded initial model: its shared part and, with private keys, the
+        initial private part (for the generic model only)."""
+        private = self.private_keys(model)
+        if not private:
+            return {"model": clone_state(model)}
+        shared = [k for k in model.state_dict() if k not in set(private)]
+        return {"model": clone_state(model, shared), "initial": clone_state(model, private)}
 
     def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
         """What the server sends to ``client_id`` this round."""
         return {"model": server["model"]}
 
     def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
-        """w <- sum_k n_k w_k / sum_k n_k over the replies (all parameters and buffers)."""
+        """w <- sum_k n_k w_k / sum_k n_k over the replies (all parameters and buffers;
+        ``self.ctx.parameter_names`` tells them apart)."""
         server["model"] = weighted_average([r["model"] for r in replies], [r["num_samples"] for r in replies])
         return server
 
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
-        """The generic model (None for purely personalised methods); ``model`` is a reusable object."""
-        model.load_state_dict(server["model"])
+        """The generic model (None for purely personalised methods): the server's weights, with the initial
+        private part if any, loaded into ``model``, a reusable object."""
+        if self.private_keys(model):
+            model.load_state_dict({**server["model"], **server["initial"]})
+        else:
+            model.load_state_dict(server["model"])
         return model
 
-    # ----- client -----
-    def local_update(self, model: nn.Module, data: ClientData, work: LocalWork) -> tuple[Reply, Any]:
-        """Train from the payload; reply with the new weights, the sample count and the mean train loss.
-
-        Three parts: ``begin_local``, ``fit`` (the shared ``train`` loop), ``end_local`` (the vectorized
-        executor, engine/vectorized/, runs the middle part for many clients at once). Returns (reply, new
-        state) and leaves the new state in ``work.state`` for ``personal_predictor``."""
-        self.begin_local(model, data, work)
-        loss = self.fit(model, data, work)
-        reply, work.state = self.end_local(model, data, work, loss)
-        return reply, work.state
-
-    # ----- the local update in parts, for the vectorized executor (engine/vectorized/) -----
-    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
-        """Before training: load the payload into ``model`` and set up ``work``: what ``train`` and ``loss``
-        see (``work.payload``, ``work.state``) and the method's working values.
-
-        Must not draw from ``work.rng`` (the vectorized executor calls it again after training to re-enter
-        the client's working values)."""
-        self.load_payload(model, work.payload, work.state)
-
-    def fit(self, model: nn.Module, data: ClientData, work: LocalWork) -> float:
-        """Local training of one round on ``begin_local``'s work; the mean loss (FedAvg: the shared loop;
-        FedRep: two phases). The vectorized executor runs only classes that keep this one."""
-        return self.train(model, data, work)
-
-    def end_local(
-        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
-    ) -> tuple[Reply, Any]:
-        """After training (``model`` and ``work`` hold the trained tensors): the reply and the new state."""
-        return {"model": clone_state(model), "num_samples": data.num_samples, "train_loss": loss}, work.state
-
-    def vector_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """``loss`` in a form ``torch.func.vmap`` can trace (no data-dependent Python control flow, no random
-        draws); equal to ``loss`` up to float rounding. The vectorized executor trains with this, on a
-        ``work`` whose tensors are one client's slices of the stacked ones (its ``received`` is empty).
-        Default: ``loss`` where a subclass overrides it, else ``objective(..., traceable=True)``."""
-        if type(self).loss is not FedAvg.loss:
-            return self.loss(model, batch, work)
-        return self.objective(model, batch, work, traceable=True)
-
-    def vectorize_blocker(self) -> str | None:
-        """Why the vectorized executor cannot train this algorithm as configured (None: it can)."""
-        return None
-
-    def personal_extra(self, model: nn.Module, work: LocalWork) -> dict[str, Any] | None:
-        """The tensors besides the model's weights that the personal predictor reads, so that right after
-        ``personal_predictor(model, work)`` it equals ``x -> personal_logits(model, x, extra)``; None when
-        it has no such form. A predictor that is the model itself needs neither hook."""
-        return None
-
-    def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
-        """The personal predictor's output from the model's weights and ``personal_extra`` (batched
-        personal evaluation, engine/vectorized/)."""
-        return model(x)
-
-    def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
-        """Put the received (and any personal) weights into the reusable model object."""
-        model.load_state_dict(payload["model"])
-
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """The local objective on one batch (``objective`` as the shared loop runs it)."""
-        return self.objective(model, batch, work, traceable=False)
-
-    def objective(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
-    ) -> Tensor:
-        """The local objective on one batch: cross-entropy for FedAvg. Override this instead of ``loss`` and
-        ``vector_loss`` when one formula serves both: ``traceable`` asks for the form without data-dependent
-        control flow or indexing (equal up to float rounding)."""
-        x, y = batch
-        return F.cross_entropy(model(x), y)
-
-    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
-        """Parameters (or working tensors of ``work``) the local optimiser updates (all parameters for
-        FedAvg)."""
-        return model.parameters()
-
-    def before_step(self, model: nn.Module, work: LocalWork) -> None:
-        """Called after backward and before the optimiser step: the gradients become ``correct_grads``'s.
-
-        Override ``correct_grads`` rather than this (the vectorized executor runs only classes that keep
-        this one, and applies ``correct_grads`` to all clients at once)."""
-        if type(self).correct_grads is FedAvg.correct_grads:
-            return
-        params = dict(model.named_parameters())
-        grads = {name: p.grad for name, p in params.items() if p.grad is not None}
-        with torch.no_grad():
-            corrected = self.correct_grads(grads, params, work)
-        for name, g in corrected.items():
-            params[name].grad = g
-
-    def correct_grads(
-        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], work: LocalWork
-    ) -> dict[str, Tensor]:
-        """The gradients the optimiser steps on, by parameter name, from the loss's ``grads`` (the
-        parameters that have one); ``params`` holds every parameter's current value. Gradient corrections
-        and the gradients of linear or closed-form terms go here (SCAFFOLD, FedDyn, FedDC); they apply before
-        gradient clipping, weight decay and momentum, as ``before_step`` does. FedAvg: unchanged.
-
-        Tensor code only, out of place (no data-dependent Python control flow, no random draws): the shared
-        loop calls it on one model's gradients, the vectorized executor vmaps it over the clients' stacked
-        gradients, parameters and works."""
-        return grads
-
-    def max_grad_norm(self) -> float | None:
-        """The local loop's gradient-norm clip: ``local.grad_clip`` (None: no clipping)."""
-        return self.ctx.local.grad_clip
-
-    def train(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        work: LocalWork,
-        epochs: int | None = None,
-        lr: float | None = None,
-        plain_sgd: bool = False,
-    ) -> float:
-        """The shared local loop: a fresh SGD optimiser, ``epochs`` shuffled passes drawn from ``work.rng``;
-        returns the mean loss.
-
-        ``epochs`` defaults to ``local.epochs``, ``lr`` to ``local.lr * local.lr_decay^(t - 1)`` in round t
-        (``work.round``); ``plain_sgd`` drops ``local.momentum`` and ``local.weight_decay`` (e.g. Ditto's
-        personal steps).
-        """
-        cfg = self.ctx.local
-        params = [p for p in self.trainable_parameters(model, work) if p.requires_grad]
-        if lr is None:
-            lr = round_lr(cfg, work.round)
-        momentum, decay = (0.0, 0.0) if plain_sgd else (cfg.momentum, cfg.weight_decay)
-        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=decay)
-        model.train()
-        total = torch.zeros((), device=next(model.parameters()).device)
-        seen = 0
-        for _ in range(cfg.epochs if epochs is None else epochs):
-            for batch in data.batches(cfg.batch_size, work.rng):
-                loss = self.loss(model, batch, work)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                self.before_step(model, work)
-                clip = self.max_grad_norm()
-                if clip is not None:
-                    nn.utils.clip_grad_norm_(params, clip)
-                opt.step()
-                n = len(batch[1])
-                total += loss.detach() * n
-                seen += n
-        return float(total) / max(seen, 1)
-
-    def finetune(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        work: LocalWork,
-        *,
-        epochs: int,
-        lr: float | None,
-        from_global: bool,
-    ) -> None:
-        """Fine-tune ``model`` in place into a personal model (after the reply and state were cloned): from
-        the received global model (``from_global``, with ``work.state``'s personal part) or from this round's
-        local model (FedAvg-FT, FedBABU)."""
-        if from_global:
-            self.load_payload(model, work.received, work.state)
-        self.train(model, data, work, epochs=epochs, lr=lr)
-
-    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
-        """The client's personal model, right after ``local_update`` (FedAvg: the locally trained model);
-        ``work.received`` is the payload as received and ``work.state`` the new state."""
-        return model
-
-    # ----- diagnostics (fedpcd.report.geometry): the feature space the classifier reads -----
-    def global_features(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
-        """x -> the global model's features h (the classifier's input); None without a global model."""
-        if self.global_predictor(model, server) is None:
-            return None
-        return lambda x: model.features(x).flatten(1)
-
-    def personal_features(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
-        """x -> the personal model's features h, right after ``local_update`` from ``payload`` (the new
-        ``state``): the features of ``model`` as the update left it (every method here leaves its personal
-        weights there; FedGELA's classifier reads its projected h instead)."""
-        return lambda x: model.features(x).flatten(1)
-
-    # ----- extra metrics -----
     def extra_global_predictors(
         self, model: nn.Module, server: dict[str, Any]
     ) -> Iterator[tuple[str, Predictor]]:
@@ -322,3 +195,163 @@ class FedAvg:
         A generator: the engine scores each predictor before asking for the next, so each may load its
         weights into the one reusable ``model`` (e.g. FedDyn's mean of the local models)."""
         yield from ()
+
+    # ----- client -----
+    def local_update(self, model: nn.Module, data: ClientData, work: LocalWork) -> tuple[Reply, Any]:
+        """Train from the payload; reply with the new weights, the sample count and the mean train loss.
+
+        Three parts: ``begin_local``, ``fit``, ``end_local`` (the vectorized executor, engine/vectorized/,
+        runs the middle part for many clients at once). Returns (reply, new state) and leaves the new state
+        in ``work.state`` for ``personal_predictor``."""
+        self.begin_local(model, data, work)
+        loss = self.fit(model, data, work)
+        reply, work.state = self.end_local(model, data, work, loss)
+        return reply, work.state
+
+    def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
+        """Before training: load ``work.payload`` (and the private part, ``work.state``) into ``model`` and
+        set up ``work``: what ``loss`` sees (``work.payload``, ``work.state``) and the working values. The
+        one place a payload is loaded: ``finetune`` from the global model calls it again.
+
+        Must not draw from ``work.rng``."""
+        private = self.private_keys(model)
+        if not private:
+            model.load_state_dict(work.payload["model"])
+            return
+        if work.state is None:  # first participation: the model's seeded initial private part
+            work.state = clone_state(model, private)
+        model.load_state_dict({**work.payload["model"], **work.state})
+
+    def fit(self, model: nn.Module, data: ClientData, work: LocalWork) -> float:
+        """Local training of one round on ``begin_local``'s work; the mean loss (FedAvg: the shared loop
+        :func:`train_loop`; FedRep: two phases). The vectorized executor runs only classes that keep this
+        one."""
+        return train_loop(self, model, data, work)
+
+    def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
+        """Parameters (or working tensors of ``work``) the local optimiser updates (all parameters for
+        FedAvg)."""
+        return model.parameters()
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
+        """The local objective on one batch: cross-entropy for FedAvg. Both executors call it; under the
+        vectorized one ``work.traceable`` is True and the loss must take its traceable form (one formula
+        usually serves both)."""
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    def correct_grads(
+        self, grads: dict[str, Tensor], params: Mapping[str, Tensor], work: LocalWork
+    ) -> dict[str, Tensor]:
+        """The gradients the optimiser steps on, by parameter name, from the loss's ``grads`` (the
+        parameters that have one); ``params`` holds every parameter's current value. Gradient corrections
+        and the gradients of linear or closed-form terms go here (SCAFFOLD, FedDyn, FedDC); they apply before
+        gradient clipping, weight decay and momentum. FedAvg: unchanged.
+
+        Tensor code only, out of place (no data-dependent Python control flow, no random draws): the shared
+        loop calls it on one model's gradients, the vectorized executor vmaps it over the clients' stacked
+        gradients, parameters and works."""
+        return grads
+
+    def end_local(
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
+    ) -> tuple[Reply, Any]:
+        """After training (``model`` and ``work`` hold the trained tensors): the reply (the shared part of the
+        weights) and the new state (the private part, else ``work.state``)."""
+        private = self.private_keys(model)
+        if not private:
+            return {
+                "model": clone_state(model),
+                "num_samples": data.num_samples,
+                "train_loss": loss,
+            }, work.state
+        shared = [k for k in model.state_dict() if k not in set(private)]
+        reply = {"model": clone_state(model, shared), "num_samples": data.num_samples, "train_loss": loss}
+        return reply, clone_state(model, private)
+
+    def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
+        """The client's personal model, right after ``local_update`` (FedAvg: the locally trained model);
+        ``work.received`` is the payload as received and ``work.state`` the new state. Return ``model`` itself
+        or a :class:`Readout` over it where possible: the vectorized executor batches those."""
+        return model
+
+    def vectorize_blocker(self) -> str | None:
+        """Why the vectorized executor cannot train this algorithm as configured (None: it can)."""
+        return None
+
+
+# ----- what the hooks call (not hooks: not to be overridden) -----------------------------------------------
+
+
+def train_loop(
+    algorithm: FedAvg,
+    model: nn.Module,
+    data: ClientData,
+    work: LocalWork,
+    *,
+    epochs: int | None = None,
+    lr: float | None = None,
+    plain_sgd: bool = False,
+) -> float:
+    """The shared local loop: a fresh SGD optimiser over ``trainable_parameters``, ``epochs`` shuffled passes
+    drawn from ``work.rng``, on each batch ``loss``, backward, ``correct_grads``, the gradient-norm clip
+    ``local.grad_clip`` and the step (counted in ``work.steps``); returns the mean loss.
+
+    ``epochs`` defaults to ``local.epochs``, ``lr`` to ``local.lr * local.lr_decay^(t - 1)`` in round t
+    (``work.round``); ``plain_sgd`` drops ``local.momentum`` and ``local.weight_decay`` (e.g. Ditto's
+    personal steps).
+    """
+    cfg = algorithm.ctx.local
+    params = [p for p in algorithm.trainable_parameters(model, work) if p.requires_grad]
+    if lr is None:
+        lr = round_lr(cfg, work.round)
+    momentum, decay = (0.0, 0.0) if plain_sgd else (cfg.momentum, cfg.weight_decay)
+    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=decay)
+    correcting = type(algorithm).correct_grads is not FedAvg.correct_grads
+    model.train()
+    total = torch.zeros((), device=next(model.parameters()).device)
+    seen = 0
+    for _ in range(cfg.epochs if epochs is None else epochs):
+        for batch in data.batches(cfg.batch_size, work.rng):
+            loss = algorithm.loss(model, batch, work)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if correcting:
+                _correct_grads(algorithm, model, work)
+            if cfg.grad_clip is not None:
+                nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            work.steps += 1
+            n = len(batch[1])
+            total += loss.detach() * n
+            seen += n
+    return float(total) / max(seen, 1)
+
+
+def _correct_grads(algorithm: FedAvg, model: nn.Module, work: LocalWork) -> None:
+    """After backward, before the step: the model's gradients become ``correct_grads``'s."""
+    params = dict(model.named_parameters())
+    grads = {name: p.grad for name, p in params.items() if p.grad is not None}
+    with torch.no_grad():
+        corrected = algorithm.correct_grads(grads, params, work)
+    for name, g in corrected.items():
+        params[name].grad = g
+
+
+def finetune(
+    algorithm: FedAvg,
+    model: nn.Module,
+    data: ClientData,
+    work: LocalWork,
+    *,
+    epochs: int,
+    lr: float | None,
+    from_global: bool,
+) -> None:
+    """Fine-tune ``model`` in place into a personal model (after the reply and state were cloned): from the
+    received global model (``from_global``: ``begin_local`` on ``work.received`` with ``work.state``'s
+    private part) or from this round's local model (FedAvg-FT, FedBABU)."""
+    if from_global:
+        work.payload = work.received
+        algorithm.begin_local(model, data, work)
+    train_loop(algorithm, model, data, work, epochs=epochs, lr=lr)

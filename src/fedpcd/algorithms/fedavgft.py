@@ -25,7 +25,7 @@ from pydantic import Field
 from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply, finetune
 
 
 @ALGORITHMS.register("fedavg_ft")
@@ -43,7 +43,8 @@ class FedAvgFT(FedAvg):
     ) -> tuple[Reply, Any]:
         """FedAvg's reply, then fine-tune ``model`` in place into the personal model."""
         reply, work.state = super().end_local(model, data, work, loss)
-        self.finetune(
+        finetune(
+            self,
             model,
             data,
             work,

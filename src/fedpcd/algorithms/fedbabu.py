@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, backbone_parameters
-from fedpcd.algorithms.fedavg import LocalWork
+from fedpcd.algorithms.fedavg import LocalWork, Reply, finetune
 from fedpcd.algorithms.fedper import FedPer
 
 
@@ -44,16 +44,21 @@ class FedBABU(FedPer):
         """Body only during FL (the head is not in the optimiser); everything while fine-tuning."""
         return model.parameters() if work.get("finetuning", False) else backbone_parameters(model)
 
-    def personalise(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
-        """Fine-tune the whole model in place (the reply and state were cloned before)."""
-        if self.finetune_when == "last_round" and work.round != self.ctx.rounds:
-            return
-        work.finetuning = True
-        self.finetune(
-            model,
-            data,
-            work,
-            epochs=self.finetune_epochs,
-            lr=self.finetune_lr,
-            from_global=self.finetune_from == "global",
-        )
+    def end_local(
+        self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
+    ) -> tuple[Reply, Any]:
+        """FedPer's reply (the body) and state (the initial head), then fine-tune the whole model in place
+        into the personal model."""
+        reply, work.state = super().end_local(model, data, work, loss)
+        if self.finetune_when == "every_round" or work.round == self.ctx.rounds:
+            work.finetuning = True
+            finetune(
+                self,
+                model,
+                data,
+                work,
+                epochs=self.finetune_epochs,
+                lr=self.finetune_lr,
+                from_global=self.finetune_from == "global",
+            )
+        return reply, work.state

@@ -91,15 +91,13 @@ class FedClassAvg(LGFedAvg):
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.07  # SupCon temperature
     normalize: bool = True  # L2-normalise z before SupCon ([O]: false)
 
-    def objective(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
-    ) -> Tensor:
-        """CE + (rho/2) prox(head, received head) + lam SupCon(z, y)."""
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
+        """CE + (rho/2) prox(head, received head) + lam SupCon(z, y) (its masked form under vmap)."""
         x, y = batch
         z = model.features(x)
         total = F.cross_entropy(model.head(z), y)
         if self.rho > 0.0:
             total = total + self.rho / 2 * classifier_proximal(model, work.payload["model"], self.prox)
         if self.lam > 0.0:
-            total = total + self.lam * supcon_loss(z, y, self.tau, self.normalize, traceable)
+            total = total + self.lam * supcon_loss(z, y, self.tau, self.normalize, work.traceable)
         return total

@@ -127,8 +127,9 @@ class FedETF(FedAvg):
     # ----- client -----
     def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
         """Backbone; working, trainable copies of the projection and beta (``work.proj``, ``work.scale``)
-        and the log class prior of the balanced feature loss (``work.log_prior``); the ETF is fixed."""
-        super().begin_local(model, data, work)
+        and the log class prior of the balanced feature loss (``work.log_prior``); the ETF is fixed (the
+        model's linear head is never used)."""
+        load_backbone(model, work.payload["model"])
         work.proj = {k: v.detach().clone().requires_grad_(True) for k, v in work.payload["proj"].items()}
         work.scale = work.payload["scale"].detach().clone().requires_grad_(self.learn_scale)
         work.log_prior = log_prior(data.label_counts)
@@ -149,10 +150,6 @@ class FedETF(FedAvg):
         }
         return reply, work.state
 
-    def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
-        """Load the backbone (the model's linear head is never used)."""
-        load_backbone(model, payload["model"])
-
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """The balanced feature loss on beta * M^T h (plain CE if ``balanced`` is False)."""
         x, y = batch
@@ -172,10 +169,10 @@ class FedETF(FedAvg):
         proj = {k: v.detach().clone() for k, v in work.proj.items()}
         scale = work.scale.detach()
         if self.finetune_rounds > 0 and work.data.num_samples > 0:
-            etf, proj = self.finetune(model, work.data, etf, proj, scale, work.finetune_seed)
+            etf, proj = self.finetune_classifier(model, work.data, etf, proj, scale, work.finetune_seed)
         return self._predictor(model, proj, etf, scale)
 
-    def finetune(
+    def finetune_classifier(
         self,
         model: nn.Module,
         data: ClientData,

@@ -86,7 +86,7 @@ from fedpcd.algorithms.base import (
     load_backbone,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Readout, Reply
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
 from fedpcd.utils import derive_seed
@@ -272,20 +272,15 @@ class FedGELA(FedAvg):
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor:
         """Generic model: aggregated backbone + plain ETF (phi = 1, all classes)."""
         load_backbone(model, server["model"])
-        etf, proj = server["etf"], server["proj"]
-
-        def predict(x: Tensor) -> Tensor:
-            model.eval()
-            return self.logits(self.embed(model, x, proj), etf)
-
-        return predict
+        tensors = {"etf": server["etf"], "proj": server["proj"]}
+        return Readout(model, self.generic_readout, tensors, features=self.feature_readout)
 
     # ----- client -----
     def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
         """Load the global backbone; the loss sees phi_k, C_k (as its state) and a working copy of the
         projection tensors (trainable leaves this round; the received payload is not touched)."""
         phi, present = self.local_adaptation(data.label_counts)
-        self.load_payload(model, work.payload, work.state)
+        load_backbone(model, work.payload["model"])  # the model's head is never used
         proj = {
             k: v.detach().clone().requires_grad_(not k.startswith("bn.running"))
             for k, v in work.payload["proj"].items()
@@ -311,10 +306,6 @@ class FedGELA(FedAvg):
         }
         return reply, state
 
-    def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
-        """Load the global backbone only; the model's head is left as it is (it is never used)."""
-        load_backbone(model, payload["model"])
-
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Eq. 5: CE of s*phi*M^T h_hat over the local classes C_k (softmax=local) or all C (softmax=all)."""
         x, y = batch
@@ -329,35 +320,30 @@ class FedGELA(FedAvg):
         return backbone_parameters(model) + [t for t in work.payload["proj"].values() if t.requires_grad]
 
     def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
-        """Personal model: local backbone + phi-scaled ETF; classes the client lacks get -inf."""
-        extra = self.personal_extra(model, work)
+        """Personal model: local backbone (and trained projection) + phi-scaled ETF; classes the client lacks
+        get -inf."""
+        state = work.state
+        tensors = {
+            "etf": work.received["etf"],
+            "proj": state.get("proj", work.received["proj"]),
+            "phi": state["phi"],
+            "present": state["present"],
+        }
+        return Readout(model, self.personal_readout, tensors, features=self.feature_readout)
 
-        def predict(x: Tensor) -> Tensor:
-            model.eval()
-            return self.personal_logits(model, x, extra)
+    # ----- the predictors' readouts (``Readout``) -----
+    def generic_readout(self, model: nn.Module, x: Tensor, tensors: dict[str, Any]) -> Tensor:
+        """s * m_c^T h_hat: the plain ETF over all classes."""
+        return self.logits(self.embed(model, x, tensors["proj"]), tensors["etf"])
 
-        return predict
-
-    def personal_extra(self, model: nn.Module, work: LocalWork) -> dict[str, Any]:
-        """The ETF, the client's projection tensors, phi_k and C_k."""
-        payload, state = work.received, work.state
-        proj = state.get("proj", payload["proj"])
-        return {"etf": payload["etf"], "proj": proj, "phi": state["phi"], "present": state["present"]}
-
-    def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
+    def personal_readout(self, model: nn.Module, x: Tensor, tensors: dict[str, Any]) -> Tensor:
         """s * phi_k,c * m_c^T h_hat, -inf for the classes the client lacks."""
-        z = self.logits(self.embed(model, x, extra["proj"]), extra["etf"], extra["phi"])
-        return z.masked_fill(~extra["present"].to(z.device), float("-inf"))
+        z = self.logits(self.embed(model, x, tensors["proj"]), tensors["etf"], tensors["phi"])
+        return z.masked_fill(~tensors["present"].to(z.device), float("-inf"))
 
-    def global_features(self, model: nn.Module, server: dict[str, Any]) -> Predictor:
-        """h_hat of the aggregated backbone (and projection): what the plain ETF classifies."""
-        load_backbone(model, server["model"])
-        return lambda x: self.embed(model, x, server["proj"])
-
-    def personal_features(self, model: nn.Module, payload: Payload, state: Any) -> Predictor:
-        """h_hat of the locally trained backbone (and projection)."""
-        proj = state.get("proj", payload["proj"])
-        return lambda x: self.embed(model, x, proj)
+    def feature_readout(self, model: nn.Module, x: Tensor, tensors: dict[str, Any]) -> Tensor:
+        """h_hat of the backbone (and projection): what the ETF classifies."""
+        return self.embed(model, x, tensors["proj"])
 
 
 @ALGORITHMS.register("fedge")

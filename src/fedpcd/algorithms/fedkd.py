@@ -63,7 +63,7 @@ from fedpcd.algorithms.base import (
     reply_weights,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import LocalWork, Reply
+from fedpcd.algorithms.fedavg import LocalWork, Reply, train_loop
 from fedpcd.algorithms.fml import KLReduction, SharedModelMethod, kl_divergence
 from fedpcd.errors import UserError
 
@@ -193,7 +193,7 @@ class FedKD(SharedModelMethod):
     def local_update(self, model: nn.Module, data: ClientData, work: LocalWork) -> tuple[Reply, Any]:
         """Mutual distillation for ``local.epochs``; reply with the compressed student update."""
         self.begin_local(model, data, work)
-        loss = self.train(model, data, work)
+        loss = train_loop(self, model, data, work)
         trained = work.shared.state_dict()
         delta = {k: trained[k].detach() - w for k, w in work.payload["model"].items()}
         reply = {

@@ -299,7 +299,8 @@ class FedMR(FedAvg):
         return reason
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """Eq. (5): CE + mu1 l_intra + mu2 l_inter (l_inter = 0 while no prototype exists)."""
+        """Eq. (5): CE + mu1 l_intra + mu2 l_inter (l_inter = 0 while no prototype exists); under vmap
+        (``work.traceable``) with the masked forms of l_intra and l_inter."""
         payload = work.payload
         inter_on = self.uses_prototypes and "prototypes" in payload
         if self.mu1 == 0.0 and not inter_on:
@@ -308,29 +309,18 @@ class FedMR(FedAvg):
         z = model.features(x)
         total = F.cross_entropy(model.head(z), y)
         if self.mu1 > 0.0:
-            total = total + self.mu1 * intra_class_loss(z, y, self.intra_impl, self.intra_eps)
+            if work.traceable:
+                intra = intra_class_loss_masked(z, y, self.ctx.num_classes, self.intra_impl, self.intra_eps)
+            else:
+                intra = intra_class_loss(z, y, self.intra_impl, self.intra_eps)
+            total = total + self.mu1 * intra
         if inter_on:
+            neg = negative_mask(payload["known"], work.local, self.inter_negatives)
+            if work.traceable:
+                return total + self.mu2 * inter_class_loss_masked(z, y, payload["prototypes"], neg)
             zi, yi = z, y
             if self.lite_samples is not None and self.lite_samples < len(y):
                 pick = torch.randperm(len(y), generator=work.lite_rng)[: self.lite_samples]
                 zi, yi = z[pick], y[pick]
-            neg = negative_mask(payload["known"], work.local, self.inter_negatives)
             total = total + self.mu2 * inter_class_loss(zi, yi, payload["prototypes"], neg)
-        return total
-
-    def vector_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """Eq. (5) as ``loss``, with the masked (vmap-traceable) forms of l_intra and l_inter."""
-        payload = work.payload
-        inter_on = self.uses_prototypes and "prototypes" in payload
-        if self.mu1 == 0.0 and not inter_on:
-            return super().vector_loss(model, batch, work)
-        x, y = batch
-        z = model.features(x)
-        total = F.cross_entropy(model.head(z), y)
-        if self.mu1 > 0.0:
-            intra = intra_class_loss_masked(z, y, self.ctx.num_classes, self.intra_impl, self.intra_eps)
-            total = total + self.mu1 * intra
-        if inter_on:
-            neg = negative_mask(payload["known"], work.local, self.inter_negatives)
-            total = total + self.mu2 * inter_class_loss_masked(z, y, payload["prototypes"], neg)
         return total

@@ -36,7 +36,7 @@ from fedpcd.algorithms.base import (
     load_backbone,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Readout, Reply
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
 from fedpcd.utils import derive_seed
@@ -257,14 +257,17 @@ class FedNH(FedAvg):
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
         """GM = (theta^{t+1}, s^{t+1}, W^{t+1}) (Alg. 1)."""
         load_backbone(model, server["model"])
-        return self._predictor(model, server["prototypes"], server["scale"])
+        return Readout(
+            model, prototype_logits, {"prototypes": server["prototypes"], "scale": server["scale"]}
+        )
 
     # ----- client -----
     # ClientUpdate (Alg. 1 lines 11-15) is FedAvg's local_update: ``begin_local``, E epochs on Eq. (2) with
     # P frozen, then ``end_local``.
     def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
-        """Load the body; this client's working scale s (``work.scale``, trainable iff ``learn_scale``)."""
-        super().begin_local(model, data, work)
+        """Load the body (the model's linear head is never used); this client's working scale s
+        (``work.scale``, trainable iff ``learn_scale``)."""
+        load_backbone(model, work.payload["model"])
         work.scale = work.payload["scale"].detach().clone().requires_grad_(self.learn_scale)
 
     def end_local(
@@ -286,10 +289,6 @@ class FedNH(FedAvg):
             reply["class_means"] = means
         return reply, work.state
 
-    def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
-        """Load the body (the model's linear head is never used)."""
-        load_backbone(model, payload["model"])
-
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """Eq. (2): cross-entropy of the cosine logits against the frozen prototypes W^t."""
         x, y = batch
@@ -302,22 +301,11 @@ class FedNH(FedAvg):
 
     def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
         """Latest local body and s_k with W^t, the prototypes it trained against (Sec. 4.1), not W^{t+1}."""
-        return self._predictor(model, work.received["prototypes"], work.scale.detach())
+        return Readout(
+            model, prototype_logits, {"prototypes": work.received["prototypes"], "scale": work.scale.detach()}
+        )
 
-    def personal_extra(self, model: nn.Module, work: LocalWork) -> dict[str, Any]:
-        """W^t and s_k."""
-        return {"prototypes": work.received["prototypes"], "scale": work.scale.detach()}
 
-    def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
-        """Eq. (2)'s cosine logits."""
-        return cosine_logits(model.features(x), extra["prototypes"], extra["scale"])
-
-    # ----- helpers -----
-    @staticmethod
-    def _predictor(model: nn.Module, prototypes: Tensor, scale: Tensor) -> Predictor:
-        model.eval()
-
-        def predict(x: Tensor) -> Tensor:
-            return cosine_logits(model.features(x), prototypes, scale)
-
-        return predict
+def prototype_logits(model: nn.Module, x: Tensor, tensors: dict[str, Tensor]) -> Tensor:
+    """Eq. (2)'s cosine logits of the body's features against ``tensors``' prototypes and scale."""
+    return cosine_logits(model.features(x), tensors["prototypes"], tensors["scale"])

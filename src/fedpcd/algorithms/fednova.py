@@ -27,7 +27,6 @@ from fedpcd.algorithms.base import (
     ClientData,
     average_dicts,
     clone_state,
-    local_steps,
     param_names,
     weighted_average,
 )
@@ -55,11 +54,11 @@ class FedNova(FedAvg):
     ) -> tuple[Reply, Any]:
         """After FedAvg's local training: the normalised update d_i = (x - y_i) / ||a_i||_1 of the parameters.
 
-        tau_i = ceil(n_i / B) E steps. The client normalises (it knows which keys are parameters), as the
-        official code does; the reply carries d_i, ||a_i||_1 and the buffers, so bytes equal FedAvg's.
+        tau_i = ``work.steps`` = ceil(n_i / B) E. The client normalises (it knows which keys are parameters),
+        as the official code does; the reply carries d_i, ||a_i||_1 and the buffers, so bytes equal FedAvg's.
         """
         rho = self.ctx.local.momentum if self.momentum_aware else 0.0
-        a_norm = effective_steps(local_steps(data.num_samples, self.ctx.local), rho)
+        a_norm = effective_steps(work.steps, rho)
         params = set(param_names(model))
         y = clone_state(model)
         x = work.received["model"]

@@ -96,10 +96,9 @@ class FedProc(FedAvg):
         reply.update(class_means_reply(model, data))
         return reply, state
 
-    def objective(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
-    ) -> Tensor:
-        """CE + weight * l_pc (l_pc = 0 while no prototype exists; ``traceable``: its masked form)."""
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
+        """CE + weight * l_pc (l_pc = 0 while no prototype exists; ``work.traceable``: its masked form)."""
+        traceable = work.traceable
         x, y = batch
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)

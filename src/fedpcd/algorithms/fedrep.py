@@ -22,7 +22,7 @@ from pydantic import Field
 from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, backbone_parameters
-from fedpcd.algorithms.fedavg import LocalWork
+from fedpcd.algorithms.fedavg import LocalWork, train_loop
 from fedpcd.algorithms.fedper import FedPer
 
 
@@ -37,9 +37,9 @@ class FedRep(FedPer):
     def fit(self, model: nn.Module, data: ClientData, work: LocalWork) -> float:
         """Alg. 1: head epochs with the body fixed, then body epochs with the head fixed (``work.phase``)."""
         work.phase = "head"
-        self.train(model, data, work, epochs=self.head_epochs)
+        train_loop(self, model, data, work, epochs=self.head_epochs)
         work.phase = "body"
-        return self.train(model, data, work, epochs=self.body_epochs)
+        return train_loop(self, model, data, work, epochs=self.body_epochs)
 
     def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
         """The head in the head phase, the body (all but the head) in the body phase (and outside ``fit``)."""

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, balanced_softmax_loss, clone_state, log_prior
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Readout, Reply
 
 
 @ALGORITHMS.register("fedrod")
@@ -37,7 +37,7 @@ class FedRoD(FedAvg):
     def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
         """Shared model from the payload, a trainable copy of the personal head h_p from the state (zeros at
         first; ``work.personal_head``) and the log class prior of BSM (``work.log_prior``)."""
-        self.load_payload(model, work.payload, work.state)
+        super().begin_local(model, data, work)
         if work.state is None:
             work.state = {
                 "weight": torch.zeros_like(model.head.weight.detach()),
@@ -67,16 +67,11 @@ class FedRoD(FedAvg):
         return [*model.parameters(), work.personal_head["weight"], work.personal_head["bias"]]
 
     def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
-        """g(z) + h_p(z) with this round's body, generic head and personal head."""
-        model.eval()
-        extra = self.personal_extra(model, work)
-        return lambda x: self.personal_logits(model, x, extra)
+        """g(z) + h_p(z) with this round's body, generic head and personal head h_p."""
+        return Readout(model, summed_logits, {k: v.detach() for k, v in work.personal_head.items()})
 
-    def personal_extra(self, model: nn.Module, work: LocalWork) -> dict[str, Any]:
-        """The personal head h_p."""
-        return {k: v.detach() for k, v in work.personal_head.items()}
 
-    def personal_logits(self, model: nn.Module, x: Tensor, extra: dict[str, Any]) -> Tensor:
-        """g(z) + h_p(z)."""
-        z = model.features(x)
-        return model.head(z) + F.linear(z, extra["weight"], extra["bias"])
+def summed_logits(model: nn.Module, x: Tensor, head: dict[str, Tensor]) -> Tensor:
+    """g(z) + h_p(z): the generic head's and the personal head's logits of the features z."""
+    z = model.features(x)
+    return model.head(z) + F.linear(z, head["weight"], head["bias"])

@@ -283,11 +283,9 @@ class FedSC(FedAvg):
             reply.update(class_means_reply(model, data))
         return reply, state
 
-    def objective(
-        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
-    ) -> Tensor:
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
         """mean_i [CE_i + 1{y_i has prototypes} (rpcl_weight RPCL_i + cpdr_weight CPDR_i)] (Eqs. 14-16);
-        ``traceable``: the samples of classes without prototypes masked instead of indexed out."""
+        ``work.traceable``: the samples of classes without prototypes masked instead of indexed out."""
         x, y = batch
         z = model.features(x)
         loss = F.cross_entropy(model.head(z), y)
@@ -300,7 +298,7 @@ class FedSC(FedAvg):
         if self.compat_official:
             return loss + self._official_terms(z, y, bank, bank_labels)
         valid = payload["known"][y]
-        if traceable:  # every sample, the others weighted 0 (exactly 0 for RPCL, see rpcl_loss)
+        if work.traceable:  # every sample, the others weighted 0 (exactly 0 for RPCL, see rpcl_loss)
             zv, yv, rows, weight = z, y, valid, valid.to(z.dtype)
         elif not bool(valid.any()):
             return loss

@@ -48,7 +48,7 @@ from fedpcd.algorithms.base import (
     reply_weights,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply, train_loop
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
 from fedpcd.utils import derive_seed
@@ -133,14 +133,10 @@ class SharedModelMethod(FedAvg):
     def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
         """Private weights into ``model``; the received global weights into this update's copy of the shared
         model (``work.shared``), which trains with it."""
-        self.load_payload(model, work.payload, work.state)
+        if work.state is not None:  # else the engine's seeded initial weights
+            model.load_state_dict(work.state["model"])
         work.shared = self.shared_copy(work.payload["model"], device_of(model))
         work.shared.train()
-
-    def load_payload(self, model: nn.Module, payload: Payload, state: Any) -> None:
-        """Private weights from the client state (the engine's seeded initial weights when there is none)."""
-        if state is not None:
-            model.load_state_dict(state["model"])
 
     def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
         """Both models: one SGD step on each per batch."""
@@ -171,7 +167,7 @@ class FML(SharedModelMethod):
     def local_update(self, model: nn.Module, data: ClientData, work: LocalWork) -> tuple[Reply, Any]:
         """Mutual learning for ``local.epochs``; reply with the trained meme model, keep the private one."""
         self.begin_local(model, data, work)
-        loss = self.train(model, data, work)
+        loss = train_loop(self, model, data, work)
         reply = {"model": clone_state(work.shared), "num_samples": data.num_samples, "train_loss": loss}
         work.state = {"model": clone_state(model)}
         return reply, work.state

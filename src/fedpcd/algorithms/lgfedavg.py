@@ -18,14 +18,13 @@ from typing import Any, ClassVar
 from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS
-from fedpcd.algorithms.fedavg import Predictor
-from fedpcd.algorithms.fedper import SplitModel
+from fedpcd.algorithms.fedavg import FedAvg, Predictor
 from fedpcd.models import backbone_keys
 
 
 @ALGORITHMS.register("lgfedavg")
 @dataclass
-class LGFedAvg(SplitModel):
+class LGFedAvg(FedAvg):
     """LG-FedAvg: private body, shared (averaged) head; joint local training."""
 
     heterogeneous: ClassVar[bool] = True

@@ -10,30 +10,24 @@ model (GA is None). PM = the client's latest model. Clients may have different a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torch import nn
 
 from fedpcd.algorithms.base import ALGORITHMS
-from fedpcd.algorithms.fedavg import Predictor, Reply
-from fedpcd.algorithms.fedper import SplitModel
+from fedpcd.algorithms.fedavg import FedAvg, Predictor
 
 
 @ALGORITHMS.register("local")
 @dataclass
-class Local(SplitModel):
+class Local(FedAvg):
     """Local: the whole model is private; the server does nothing."""
 
     heterogeneous: ClassVar[bool] = True
 
     def private_keys(self, model: nn.Module) -> list[str]:
         return list(model.state_dict())
-
-    def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
-        """Nothing to aggregate."""
-        return server
 
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
         """No global model."""

@@ -27,7 +27,7 @@ it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
 import torch
@@ -37,10 +37,10 @@ from torch import Tensor, nn
 from fedpcd.algorithms.base import (
     ALGORITHMS,
     ClientData,
+    Context,
     StateDict,
     Weighting,
     clone_state,
-    local_steps,
     reply_weights,
     round_lr,
     weighted_average,
@@ -75,10 +75,12 @@ class Scaffold(FedAvg):
     # label skew. null: no clipping.
     grad_clip: Annotated[float | None, Field(gt=0.0, allow_inf_nan=False)] = 10.0
 
-    def max_grad_norm(self) -> float | None:
-        """``local.grad_clip`` if set, else this algorithm's ``grad_clip`` (10, the official codes')."""
-        local = self.ctx.local.grad_clip
-        return local if local is not None else self.grad_clip
+    def setup(self, ctx: Context) -> None:
+        """The local loop clips at ``local.grad_clip`` if set, else at this algorithm's ``grad_clip`` (10, the
+        official codes')."""
+        if ctx.local.grad_clip is None:
+            ctx = replace(ctx, local=replace(ctx.local, grad_clip=self.grad_clip))
+        super().setup(ctx)
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
@@ -128,7 +130,7 @@ class Scaffold(FedAvg):
         """Eq. (4) option II for c_i after the K corrected steps; reply (y_i, Delta c_i)."""
         state = work.state
         y = clone_state(model)
-        steps, lr = local_steps(data.num_samples, self.ctx.local), round_lr(self.ctx.local, work.round)
+        steps, lr = work.steps, round_lr(self.ctx.local, work.round)
         if self.momentum_aware:
             lr /= 1.0 - self.ctx.local.momentum
         new_c = option_two_control(

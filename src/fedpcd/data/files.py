@@ -2,7 +2,8 @@
 
 Files are looked up in the configured root, then ``$FEDPCD_DATA``, then system locations, then the download
 cache; when nothing is found they are downloaded from the official source (if allowed), otherwise a UserError
-says where to put them. Downloads land by rename, so an interrupted one never leaves a partial file.
+says where to put them. Downloads (pooch) land by rename, so an interrupted one never leaves a partial file,
+and a download given its official MD5 lands only if it has it.
 
 A file whose shape (or sample count) is that of an official file must also have its content (MD5, checked by
 the format's reader: ``idx``, ``cifar``, ``svhn``); files of other shapes (subsets, test fixtures, other data
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import shutil
 import tarfile
 import tempfile
-import urllib.request
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path, PurePosixPath
 
 from fedpcd.errors import UserError
 from fedpcd.utils import current_umask
@@ -114,49 +115,91 @@ def find_or_download(
     return found
 
 
-def download_file(urls: Sequence[str], target: Path) -> None:
-    """Fetch the first URL that works into ``target`` atomically (temp file beside it, then rename)."""
+def download_file(urls: Sequence[str], target: Path, md5: str | None = None) -> None:
+    """Fetch ``target`` from the first of ``urls`` (http or https) that works, with pooch.
+
+    Each attempt streams into a temporary file beside ``target``, renamed into place only when complete
+    and, with ``md5``, of that MD5; otherwise OSError listing every URL's failure.
+    """
+    import pooch
+
     errors = []
     for url in urls:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-        os.fchmod(fd, 0o666 & ~current_umask())  # a normal file, not mkstemp's 0600
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
-                shutil.copyfileobj(resp, out, length=1 << 20)
-            os.replace(tmp, target)
+            with _quiet(pooch.get_logger()):
+                pooch.retrieve(
+                    url,
+                    known_hash=f"md5:{md5}" if md5 else None,
+                    fname=target.name,
+                    path=target.parent,
+                    downloader=pooch.HTTPDownloader(timeout=DOWNLOAD_TIMEOUT_S),
+                )
+        except Exception as exc:  # requests' errors are OSErrors (some also ValueErrors); a wrong MD5 is not
+            wrong_md5 = isinstance(exc, ValueError) and not isinstance(exc, OSError)
+            reason = f"not the official file (its MD5 is not {md5})" if wrong_md5 else str(exc)
+            errors.append(f"{url}: {reason}")
+        else:
+            target.chmod(0o666 & ~current_umask())  # a normal file, not the temporary file's 0600
             return
-        except Exception as exc:
-            errors.append(f"{url}: {exc}")
-        finally:
-            Path(tmp).unlink(missing_ok=True)
     raise OSError("; ".join(errors))
 
 
-def download_and_extract(url: str, dest: Path, folder: str) -> None:
-    """Download a .tar.gz, extract it into a staging folder, then move ``folder`` (or its missing files) in.
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    """``logger`` (pooch's, which reports every download on stderr) at WARNING for the block."""
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
-    Every file lands by rename, so an interrupted download or extraction never leaves a partial file.
+
+# tarfile's own "data" filter too where this Python has it (3.10.12, 3.11.4, 3.12 and later)
+_TAR_FILTER = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+
+
+def _plain_members(tar: tarfile.TarFile, archive: str) -> list[tarfile.TarInfo]:
+    """The archive's members if all are files or folders inside it, made owner-writable only; else OSError.
+
+    Links, devices, absolute and ``..`` paths are refused (tarfile's "data" filter, which pooch's Untar uses
+    only on Python >= 3.12, would still allow links that stay inside).
+    """
+    members = tar.getmembers()
+    for m in members:
+        path = PurePosixPath(m.name)
+        if not (m.isreg() or m.isdir()) or path.is_absolute() or ".." in path.parts:
+            raise OSError(f"{archive} holds {m.name!r}, not a plain file or folder inside it; not extracted")
+        m.mode &= 0o755  # no set-id bits, nothing writable by others
+        m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
+    return members
+
+
+def download_and_extract(url: str, dest: Path, folder: str, md5: str | None = None) -> None:
+    """Download a .tar.gz (of MD5 ``md5`` if given), extract it into a staging folder, then move ``folder``
+    (or its missing files) in.
+
+    Every file lands by rename, so an interrupted download or extraction never leaves a partial file;
+    nothing is written outside ``dest``.
     """
     archive = dest / url.rsplit("/", 1)[-1]
-    download_file([url], archive)
+    target = dest / folder
+    if target.is_symlink():
+        raise OSError(f"{target} is a symbolic link; not writing through it")
+    download_file([url], archive, md5)
     staging = Path(tempfile.mkdtemp(prefix=".extract.", dir=dest))
     try:
         with tarfile.open(archive) as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(staging, filter="data")
-            else:  # pragma: no cover - Python without extraction filters
-                for member in tar.getmembers():
-                    if member.name.startswith(("/", "..")) or ".." in Path(member.name).parts:
-                        raise OSError(f"unsafe path {member.name!r} in {archive.name}")
-                tar.extractall(staging)
+            members = _plain_members(tar, archive.name)
+            tar.extractall(staging, members, **_TAR_FILTER)
         if not (staging / folder).is_dir():
             raise OSError(f"{archive.name} does not contain {folder}/")
-        if not (dest / folder).exists():
-            os.replace(staging / folder, dest / folder)
+        if not target.exists():
+            os.replace(staging / folder, target)
         else:  # an incomplete earlier copy: keep what is there, add what is missing
             for f in (staging / folder).iterdir():
-                if not (dest / folder / f.name).exists():
-                    os.replace(f, dest / folder / f.name)
+                if not (target / f.name).exists():
+                    os.replace(f, target / f.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         archive.unlink(missing_ok=True)

@@ -19,3 +19,4 @@ class ClientResult:
     # what the client raised (its reply is then empty and it is left out of aggregation, see engine/guard.py);
     # a guard.NonFiniteError when it failed on non-finite weights (a divergence)
     error: BaseException | None = None
+    clipped: bool = False  # its model update was longer than privacy.clip (engine/privacy.py)

@@ -1,24 +1,92 @@
-"""Executors: how the round's sampled clients are trained in the local simulator.
+"""Executors: how the round loop (:mod:`fedpcd.engine.rounds`) gets its sampled clients trained.
 
-``train_clients`` is the one seam between the round loop (``simulation.run_local``) and client training: it
-takes the round's participants and returns one :class:`ClientResult` per participant, in the order of
-``ids``. The sequential executor runs :func:`fedpcd.engine.federation.client_step` client after client on the
-architecture's reusable model object (exactly what a Flower ClientApp does for one client).
+An :class:`Executor` takes the round's participants and returns one :class:`ClientResult` per participant,
+in the order of ``ids``, and keeps the clients' personal states (for checkpoints: ``states``/``restore``).
+Two implement it: :class:`LocalExecutor` here (in this process: sequential or vectorized, ``engine.executor``)
+and ``fedpcd.flower.grid_executor.GridExecutor`` (Flower ClientApps, through Flower's Grid). The sequential
+executor runs :func:`fedpcd.engine.federation.client_step` client after client on the architecture's
+reusable model object (exactly what a Flower ClientApp does for one client).
 """
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
-from typing import Any
+import copy
+import functools
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, Protocol
 
 from fedpcd.algorithms import FedAvg
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.engine.client_result import ClientResult
 from fedpcd.engine.federation import Federation, client_step
-from fedpcd.engine.guard import NonFiniteError, model_nonfinite
+from fedpcd.engine.guard import NonFiniteError, first_nonfinite, model_nonfinite
+from fedpcd.engine.privacy import clip_update
+from fedpcd.engine.state_store import ClientStateStore, state_store_for
 from fedpcd.errors import UserError
 
-__all__ = ["ClientResult", "train_clients", "train_sequential"]
+__all__ = ["ClientResult", "Executor", "LocalExecutor", "train_clients", "train_sequential"]
+
+
+class Executor(Protocol):
+    """What the round loop needs from a way of running clients."""
+
+    def train(
+        self, algorithm: FedAvg, server: dict[str, Any], ids: Sequence[int], rnd: int, evaluate: bool
+    ) -> list[ClientResult]:
+        """One result per client of ``ids`` (in that order) for round ``rnd``: ``client_step`` from
+        ``algorithm.payload_for(server, k)``. A client whose update is dropped as non-finite
+        (``engine.on_divergence: drop``) keeps its previous state."""
+        ...
+
+    def states(self) -> Mapping[int, Any]:
+        """Every client's current personal state (what a checkpoint stores)."""
+        ...
+
+    def restore(self, states: Mapping[int, Any]) -> None:
+        """Make ``states`` the clients' states (resume; an empty mapping: a fresh run)."""
+        ...
+
+
+class LocalExecutor:
+    """Clients trained in this process (``engine.executor``: sequential, or vectorized where it applies);
+    their states in the run's client-state store (``engine.client_state``: memory or disk)."""
+
+    def __init__(self, fed: Federation) -> None:
+        self.fed = fed
+
+    @functools.cached_property
+    def client_states(self) -> ClientStateStore:
+        """The run's store, opened on first use: after the round loop has created (or checked) the run
+        directory, so a disk store's folder is never made in a folder that turns out not to be this run's."""
+        return state_store_for(self.fed.config, self.fed.device)
+
+    def train(
+        self, algorithm: FedAvg, server: dict[str, Any], ids: Sequence[int], rnd: int, evaluate: bool
+    ) -> list[ClientResult]:
+        config = self.fed.config
+        drop = config.engine.on_divergence == "drop"
+        before = {k: copy.deepcopy(self.client_states.get(k)) for k in ids} if drop else {}
+        results = train_clients(algorithm, self.fed, server, ids, self.client_states, rnd, evaluate)
+        if config.privacy.clip is not None and config.privacy.clipping == "client":
+            for r in results:  # as the ClientApp does before its reply leaves the node
+                if r.error is None:
+                    payload = algorithm.payload_for(server, r.client)
+                    r.reply, r.clipped = clip_update(
+                        r.reply, payload, config.privacy.clip, config.algorithm.name
+                    )
+        for r in results:  # a dropped update leaves the client's state as it was (as a ClientApp does)
+            if drop and r.error is None and first_nonfinite(r.reply) is not None:
+                if before.get(r.client) is None:
+                    self.client_states.pop(r.client, None)
+                else:
+                    self.client_states[r.client] = before[r.client]
+        return results
+
+    def states(self) -> Mapping[int, Any]:
+        return self.client_states
+
+    def restore(self, states: Mapping[int, Any]) -> None:
+        self.client_states.replace(dict(states))  # disk: files written after the checkpoint are undone
 
 
 def train_clients(

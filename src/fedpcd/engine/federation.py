@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, LocalWork, build_algorithm
+from fedpcd.algorithms.base import param_names
 from fedpcd.config import Config
 from fedpcd.data.datasets import Dataset, load_dataset
 from fedpcd.data.partition import Partition, make_partition
@@ -152,6 +153,14 @@ def build_federation(config: Config) -> Federation:
         )
         for k in range(config.clients)
     ]
+    with torch.random.fork_rng(devices=[]):  # a throw-away model: the run's random streams are untouched
+        reference = build_model(
+            config.model.architecture(0),
+            ds.in_channels,
+            ds.num_classes,
+            ds.image_size,
+            **config.model.params(),
+        )
     ctx = Context(
         num_clients=config.clients,
         num_classes=ds.num_classes,
@@ -160,6 +169,7 @@ def build_federation(config: Config) -> Federation:
         local=LocalTraining(**config.local.model_dump()),
         heterogeneous=len(config.model.architectures(config.clients)) > 1,
         input_shape=(ds.in_channels, ds.image_size, ds.image_size),
+        parameter_names=tuple(param_names(reference)),
     )
     return Federation(config, ds, partition, clients, ctx, device, test_x, test_y)
 
@@ -213,12 +223,7 @@ def client_step(
     Payload and state are moved to the model's device first (a no-op in the local simulator; over Flower
     they arrive as CPU tensors). The generator is a CPU one on every device: the same batches everywhere.
     The update's working values live in a fresh :class:`LocalWork`; the algorithm object is not written."""
-    device = next(model.parameters()).device
-    payload, state = to_device(payload, device), to_device(state, device)
-    rng = torch.Generator().manual_seed(derive_seed(seed, rnd, data.id))
-    work = LocalWork(payload, state, rng, round=rnd)
-    reply, state = algorithm.local_update(model, data, work)
-    work.state = state  # what ``personal_predictor`` reads (local_update leaves it there too)
+    reply, work = local_step(algorithm, model, data, payload, state, seed=seed, rnd=rnd)
     metrics = None
     if evaluate:
         predictor = algorithm.personal_predictor(model, work)
@@ -229,4 +234,24 @@ def client_step(
             split = data.local_test_idx
             pred = predict(predictor, data.test_x[split]) if len(split) else split
             metrics = split_metrics(pred, data.test_y[split])
-    return reply, state, metrics
+    return reply, work.state, metrics
+
+
+def local_step(
+    algorithm: FedAvg,
+    model: nn.Module,
+    data: ClientData,
+    payload: dict[str, Any],
+    state: Any,
+    *,
+    seed: int,
+    rnd: int,
+) -> tuple[dict[str, Any], LocalWork]:
+    """``client_step``'s local update: the reply and the update's :class:`LocalWork` (its ``state`` the new
+    state), after which ``model`` and the work are what ``personal_predictor`` reads."""
+    device = next(model.parameters()).device
+    payload, state = to_device(payload, device), to_device(state, device)
+    rng = torch.Generator().manual_seed(derive_seed(seed, rnd, data.id))
+    work = LocalWork(payload, state, rng, round=rnd)
+    reply, work.state = algorithm.local_update(model, data, work)
+    return reply, work

@@ -2,8 +2,8 @@
 
 - GA: the global model's accuracy on the full, balanced test set.
 - A[k, c]: client k's personal model, accuracy on the test samples of class c (full test set).
-- PA-L_k = sum_c p_k(c) A[k, c], p_k the client's train label distribution (FedNH's PM(L)).
-- PA-V_k = mean of A[k, c] over the classes the client holds (FedNH's PM(V)).
+- PA-L_k, PA-V_k: FedNH's PM(L) and PM(V) (Dai et al., AAAI 2023, Sec. 4.1), the full test set's samples
+  weighted by alpha_k(y): the client's train label distribution p_k(y), or 1 for the classes it holds.
 - PA-split_k: the personal model's accuracy on the client's own local test split (FedGELA / FedSSA).
 - PA-G_k: the personal model's accuracy on the full test set (on a balanced test set, the mean of row k of
   A): the "GA" that FedRoD's and FedGELA's papers report for methods without a global model ("the averaged
@@ -57,16 +57,24 @@ def per_class_accuracy(pred: Tensor, y: Tensor, num_classes: int) -> Tensor:
     return correct / total
 
 
-def pa_l(acc_row: Tensor, label_counts: Tensor) -> float:
-    """sum_c p_k(c) A[k, c] with p_k = label_counts / sum(label_counts)."""
-    p = label_counts.double() / label_counts.sum()
-    held = label_counts > 0
-    return float((p[held] * acc_row[held]).sum())
+def alpha_weighted_accuracy(pred: Tensor, y: Tensor, alpha: Tensor) -> float:
+    """FedNH's personal accuracy (Dai et al., AAAI 2023, Sec. 4.1, "Evaluation Metrics"):
+    sum_j alpha(y_j) 1(y_j = pred_j) / sum_j alpha(y_j) over the test samples j, ``alpha`` one weight per
+    class (NaN when no test sample has a positive weight)."""
+    w = alpha.double()[y]
+    return float((w * (pred == y)).sum() / w.sum())
 
 
-def pa_v(acc_row: Tensor, label_counts: Tensor) -> float:
-    """Mean of A[k, c] over the classes the client holds."""
-    return float(acc_row[label_counts > 0].mean())
+def pa_l(pred: Tensor, y: Tensor, label_counts: Tensor) -> float:
+    """FedNH's PM(L): :func:`alpha_weighted_accuracy` with alpha(c) = p_k(c), the client's train label
+    distribution ``label_counts / sum(label_counts)``."""
+    return alpha_weighted_accuracy(pred, y, label_counts.double() / label_counts.sum())
+
+
+def pa_v(pred: Tensor, y: Tensor, label_counts: Tensor) -> float:
+    """FedNH's PM(V): :func:`alpha_weighted_accuracy` with alpha(c) = 1 for the classes the client holds,
+    0 otherwise (the accuracy on the test samples of its classes)."""
+    return alpha_weighted_accuracy(pred, y, (label_counts > 0).double())
 
 
 def split_metrics(pred_split: Tensor, split_y: Tensor) -> dict:
@@ -83,12 +91,11 @@ def split_metrics(pred_split: Tensor, split_y: Tensor) -> dict:
 def personal_metrics(pred_test: Tensor, test_y: Tensor, local_test_idx: Tensor, label_counts: Tensor) -> dict:
     """A client's personal metrics (by ``run_format.PERSONAL`` key) from its personal model's predictions on
     the full test set."""
-    row = per_class_accuracy(pred_test, test_y, len(label_counts))
     local = local_test_idx
     return {
         PA_SPLIT.key: accuracy(pred_test[local], test_y[local]) if len(local) else None,
-        PA_L.key: pa_l(row, label_counts),
-        PA_V.key: pa_v(row, label_counts),
+        PA_L.key: pa_l(pred_test, test_y, label_counts),
+        PA_V.key: pa_v(pred_test, test_y, label_counts),
         PA_G.key: accuracy(pred_test, test_y),
     }
 

@@ -1,5 +1,6 @@
-"""Flower adapters: any registered algorithm as a Flower ServerApp (a Strategy from its server hooks) and
-ClientApp (its client hooks, client state in ``context.state``), plus the ways to run them.
+"""Flower adapters: any registered algorithm as a Flower ServerApp (the engine's round loop, clients reached
+through Flower's Grid) and ClientApp (its client hooks, client state in ``context.state``), plus the ways
+to run them.
 
 - :func:`run_flower`: ``backend: flower``, the run through Flower's simulation engine in this process;
 - ``fedpcd.flower.server_app:app`` / ``fedpcd.flower.client_app:app``: the components ``flwr run`` loads
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpcd.config import Config
 from fedpcd.flower import _env
 
 _env.set_offline_defaults()
@@ -23,10 +23,11 @@ _env.set_offline_defaults()
 __all__ = ["run_flower"]
 
 
-def run_flower(
-    config: Config, progress: bool = True, *, verbose: bool = False, num_cpus: int | None = None
-) -> dict[str, Any]:
-    """Run a resolved config through Flower's simulation engine; returns the summary (see ``simulation``)."""
-    from fedpcd.flower.simulation import run_flower as _run
+def __getattr__(name: str) -> Any:
+    """``run_flower`` (:func:`fedpcd.flower.simulation.run_flower`), imported on first use: importing this
+    package stays light (Flower and Ray load only when a run starts)."""
+    if name != "run_flower":
+        raise AttributeError(f"module 'fedpcd.flower' has no attribute {name!r}")
+    from fedpcd.flower.simulation import run_flower
 
-    return _run(config, progress, verbose=verbose, num_cpus=num_cpus)
+    return run_flower

@@ -4,7 +4,8 @@
   so the server can map Flower's random node ids to fedpcd client ids.
 - ``train``: one client round through :func:`fedpcd.engine.federation.client_step` (local update from the
   payload, then personal evaluation when the server asks for it). The client state lives in
-  ``context.state`` (encoded with :mod:`fedpcd.flower.records`); it never leaves the node.
+  ``context.state`` (encoded with :mod:`fedpcd.flower.records`); it leaves the node only when the server
+  asks for it for a checkpoint (``get-state``) and is replaced from one on resume (``set-state``).
 
 The run's resolved config arrives inside every message. Each process builds the federation (dataset,
 partition, model object, algorithm) once per config and keeps it: Ray actors and long-lived worker
@@ -20,6 +21,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fedpcd.flower import _env
 
@@ -30,15 +32,25 @@ from flwr.clientapp import ClientApp  # noqa: E402
 
 from fedpcd.algorithms import FedAvg  # noqa: E402
 from fedpcd.config import Config  # noqa: E402
-from fedpcd.engine.federation import Federation, build_federation, client_step, set_threads  # noqa: E402
+from fedpcd.engine.federation import (  # noqa: E402
+    Federation,
+    build_federation,
+    client_step,
+    set_threads,
+    to_device,
+)
 from fedpcd.engine.guard import first_nonfinite  # noqa: E402
+from fedpcd.engine.privacy import clip_update  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import records  # noqa: E402
 from fedpcd.flower.protocol import (  # noqa: E402
     DATA_ROOT,
+    DISCOVER,
+    GET_STATE,
     PAYLOAD,
     PERSONAL,
     REPLY,
+    SET_STATE,
     STATE,
     TASK,
     config_from_text,
@@ -96,18 +108,31 @@ app = ClientApp()
 @app.query()
 @_tagged
 def query(msg: Message, context: Context) -> Message:
-    """Discovery: this node's partition id and partition count, and the process id serving it.
-
-    When the query carries the run's config, the federation is built (and cached) here already."""
+    """Discovery (this node's partition id and count, and the process id serving it; with the run's config
+    the federation is built and cached here already), or the client state for a checkpoint (``get-state``)
+    or from one (``set-state``, on resume)."""
     pid, n = node_partition(context.node_config)
     task = msg.content.get(TASK)
-    if task is not None and "config" in task:
-        root = context.node_config.get(DATA_ROOT)
-        runtime_for(str(task["config"]), None if root is None else str(root))
-    info = {"partition-id": pid, "process-id": os.getpid()}
-    if n is not None:
-        info["num-partitions"] = n
-    return Message(RecordDict({TASK: ConfigRecord(info)}), reply_to=msg)
+    action = str(task.get("action", DISCOVER)) if task is not None else DISCOVER
+    info: dict[str, Any] = {"client-id": pid, "partition-id": pid, "process-id": os.getpid()}
+    if action == GET_STATE:
+        content = records.record_dict(**{STATE: records.get(context.state, STATE)})
+    elif action == SET_STATE:
+        state = records.get(msg.content, STATE)
+        if state is None:
+            records.clear(context.state, STATE)
+        else:
+            records.put(context.state, STATE, state)
+        content = RecordDict()
+    else:
+        if task is not None and "config" in task:
+            root = context.node_config.get(DATA_ROOT)
+            runtime_for(str(task["config"]), None if root is None else str(root))
+        if n is not None:
+            info["num-partitions"] = n
+        content = RecordDict()
+    content[TASK] = ConfigRecord(info)
+    return Message(content, reply_to=msg)
 
 
 @app.train()
@@ -137,6 +162,10 @@ def train(msg: Message, context: Context) -> Message:
         evaluate=bool(task["evaluate"]),
         full_test=rt.config.personal_test == "full",
     )
+    privacy, clipped = rt.config.privacy, False
+    if privacy.clip is not None and privacy.clipping == "client":  # before the update leaves the node
+        received = to_device(payload, rt.federation.device)
+        reply, clipped = clip_update(reply, received, privacy.clip, rt.config.algorithm.name)
     diverged = rt.config.engine.on_divergence == "drop" and first_nonfinite(reply) is not None
     if state is not None and not diverged:  # as in run_local: a None state does not erase the previous one,
         records.put(context.state, STATE, state)  # nor does an update the server will drop
@@ -145,6 +174,7 @@ def train(msg: Message, context: Context) -> Message:
         {
             "client-id": k,
             "has-state": STATE + ".meta" in context.state,  # only non-None states are stored
+            "dp-clipped": clipped,
             "process-id": os.getpid(),
             "client-s": time.perf_counter() - t0,
         }

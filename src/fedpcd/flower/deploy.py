@@ -99,50 +99,17 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = Non
 
 
 def make_certificates(directory: Path, host: str = _env.LOOPBACK) -> dict[str, Path]:
-    """A throwaway CA plus a server certificate for ``host`` (PEM files ca.crt, server.pem, server.key)."""
-    import datetime as dt
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    """A throwaway CA plus a server certificate for ``host`` and localhost (trustme; PEM files ca.crt,
+    server.pem, server.key), for this loopback deployment only."""
+    import trustme
 
     directory.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
-
-    def build(subject: str, issuer: x509.Name | None, key: Any, sign_key: Any, ca: bool) -> x509.Certificate:
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-        b = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(issuer or name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if not ca:
-            b = b.add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.IPAddress(ipaddress.ip_address(host)), x509.DNSName("localhost")]
-                ),
-                critical=False,
-            )
-        return b.sign(sign_key, hashes.SHA256())
-
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_cert = build("fedpcd test CA", None, ca_key, ca_key, ca=True)
-    cert = build(host, ca_cert.subject, key, ca_key, ca=False)
+    ca = trustme.CA()
+    cert = ca.issue_cert(host, "localhost")
     files = {"ca": directory / "ca.crt", "cert": directory / "server.pem", "key": directory / "server.key"}
-    files["ca"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    files["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    files["key"].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    ca.cert_pem.write_to_path(files["ca"])
+    cert.cert_chain_pems[0].write_to_path(files["cert"])
+    cert.private_key_pem.write_to_path(files["key"])
     return files
 
 

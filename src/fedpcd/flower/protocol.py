@@ -6,7 +6,8 @@ algorithm contract travel through :mod:`fedpcd.flower.records` under these names
 
 - ``payload``: ``algorithm.payload_for(server, k)`` (server -> client k);
 - ``reply``: the client's reply to ``aggregate``; ``personal``: its personal metrics (None if not evaluated);
-- ``state``: the client state, kept in ``context.state`` on the node (never sent to the server).
+- ``state``: the client state, kept in ``context.state`` on the node. It leaves the node only for a
+  checkpoint (QUERY ``get-state``) and comes back on resume (QUERY ``set-state``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ PAYLOAD = "payload"
 REPLY = "reply"
 PERSONAL = "personal"
 STATE = "state"
-DISCOVER = "discover"
+DISCOVER = "discover"  # QUERY actions
+GET_STATE = "get-state"
+SET_STATE = "set-state"
 
 # node_config keys (``flower-supernode --node-config``); the simulation engine sets the first two itself
 PARTITION_ID = "partition-id"

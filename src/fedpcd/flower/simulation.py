@@ -20,21 +20,13 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from fedpcd.config import Config
 from fedpcd.errors import UserError
 from fedpcd.flower import _env, procs, watchdog
-
-
-def _check_output_dir(config: Config) -> None:
-    """Refuse an output_dir that holds a run before spending ~20 s on starting Ray (as RunDir.create)."""
-    from fedpcd.engine.rundir import RunDir
-
-    RunDir(config.output_dir).check_new()
 
 
 def client_gpus(config: Config, num_cpus: int | None = None) -> tuple[int, float]:
@@ -82,29 +74,49 @@ def ray_backend_config(config: Config, verbose: bool = False, num_cpus: int | No
 
 
 def run_flower(
-    config: Config, progress: bool = True, *, verbose: bool = False, num_cpus: int | None = None
+    config: Config,
+    progress: bool = True,
+    *,
+    verbose: bool = False,
+    num_cpus: int | None = None,
+    resume: bool = False,
+    allow_changes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run ``config`` through ``flwr.simulation.run_simulation``; write the run directory, return the summary.
 
     Same seed, same config => the same metrics as the local backend (clients are trained from the same
     payloads with the same seeded generators, replies are aggregated in client-id order). ``verbose``
-    shows Flower's and Ray's logs; ``num_cpus`` caps Ray's CPUs (ClientApps running at once).
+    shows Flower's and Ray's logs; ``num_cpus`` caps Ray's CPUs (ClientApps running at once). ``resume``
+    continues the run in ``output_dir`` from its checkpoint, on Flower (``resume_run`` calls this for runs
+    of ``backend: flower``).
     """
     _env.require_flwr()
     _env.require_ray()
     _env.set_offline_defaults()
     from fedpcd.engine.federation import build_federation, set_threads
+    from fedpcd.engine.rounds import open_checkpoint
     from fedpcd.engine.rundir import RunDir
+    from fedpcd.trackers import check_trackers
 
-    _check_output_dir(config)
-    set_threads(config)
-    fed = build_federation(config)  # data and partition problems surface here, before Ray starts
-    with RunDir(config.output_dir).lock():
-        return _run_simulation(config, fed, progress, verbose, num_cpus)
+    run_dir = RunDir(config.output_dir)
+    if not resume:
+        run_dir.check_new()  # before spending ~20 s on starting Ray
+    check_trackers(config)
+    with run_dir.lock():  # re-entrant: the ServerApp thread takes it again
+        open_checkpoint(config, run_dir, resume, allow_changes)  # a wrong resume fails before Ray starts
+        set_threads(config)
+        fed = build_federation(config)  # data and partition problems surface here, before Ray starts
+        return _run_simulation(config, fed, progress, verbose, num_cpus, resume, allow_changes)
 
 
 def _run_simulation(
-    config: Config, fed: Any, progress: bool, verbose: bool, num_cpus: int | None
+    config: Config,
+    fed: Any,
+    progress: bool,
+    verbose: bool,
+    num_cpus: int | None,
+    resume: bool,
+    allow_changes: Sequence[str],
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     stop = threading.Event()  # set on the way out: the ServerApp thread stops polling at once
@@ -130,7 +142,14 @@ def _run_simulation(
             started.update(procs.descendants(os.getpid()) - before)
 
         server_app = make_server_app(
-            config, federation=fed, progress=progress, result=result, on_finish=snapshot, stop=stop
+            config,
+            federation=fed,
+            progress=progress,
+            result=result,
+            on_finish=snapshot,
+            stop=stop,
+            resume=resume,
+            allow_changes=allow_changes,
         )
         guard = watchdog.start(base)  # stops what Ray leaves behind should this process be SIGKILLed
         before = procs.descendants(os.getpid())  # the watchdog included: it is not Ray's
@@ -244,9 +263,11 @@ def _join_new_threads(before: set[threading.Thread], timeout: float, workers: bo
 
 def _is_client_app(proc: procs.Proc) -> bool:
     """A Ray worker process running a ClientApp actor (Ray names its process ``ray::ClientAppActor``)."""
+    import psutil
+
     try:
-        return Path(f"/proc/{proc[0]}/cmdline").read_bytes().startswith(b"ray::ClientAppActor")
-    except OSError:
+        return " ".join(psutil.Process(proc[0]).cmdline()).startswith("ray::ClientAppActor")
+    except psutil.Error:  # gone, or a zombie
         return False
 
 

@@ -26,21 +26,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from fedpcd.flower import procs
 
 DONE = b"done\n"
 
 
 def with_env_mark(mark: str) -> set[procs.Proc]:
-    """Live processes whose environment mentions ``mark`` (the run's temporary directory)."""
+    """Live processes (this one excluded) whose environment mentions ``mark`` (the run's temporary dir)."""
     found: set[procs.Proc] = set()
-    needle = mark.encode()
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if needle in Path(f"/proc/{entry}/environ").read_bytes():
-                ident = procs.identity(int(entry))
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):  # gone, a zombie, or another user's
+            if p.pid != os.getpid() and any(mark in value for value in p.environ().values()):
+                ident = procs.identity(p.pid)
                 if ident is not None:
                     found.add(ident)
     return found

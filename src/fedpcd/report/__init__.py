@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedpcd.config import run_setting
 from fedpcd.errors import UserError, clip, short
 from fedpcd.run_format import GA, HEADLINE, REPORTED, RunFiles
 from fedpcd.utils import parse_json, path_error, read_json, read_user_text, show_path
@@ -163,7 +164,7 @@ def _exists(path: Path) -> bool:
 def load_runs(root: str | Path) -> list[Run]:
     """Every finished run (a folder with summary.json) below ``root``; a run file that is missing, unreadable
     or malformed is one line naming it."""
-    from fedpcd.config import read_yaml  # aliases, deep nesting and huge numbers refused
+    from fedpcd.config_input import read_yaml  # aliases, deep nesting and huge numbers refused
 
     root = Path(root)
     if not _exists(root):
@@ -224,9 +225,9 @@ def rounds_cell(rounds: list[int | None]) -> str:
 
 def _without_algorithm(run: Run) -> str:
     """A run's whole setting but its algorithm (seed included): runs equal in it form a pair."""
-    flat = _flatten(run.config)
+    flat = _flatten(run_setting(run.config))
     return json.dumps(
-        {k: v for k, v in flat.items() if k != "output_dir" and not k.startswith("algorithm.")},
+        {k: v for k, v in flat.items() if not k.startswith("algorithm.")},
         sort_keys=True,
         default=str,
     )
@@ -269,7 +270,7 @@ def mean_std(values: list[float], signed: bool = False, scale: float = 100.0) ->
 
 def group_runs(runs: list[Run]) -> tuple[list[str], dict[tuple, list[Run]]]:
     """Group seeds of the same setting; returns the config keys that differ between groups and the groups."""
-    flat = [{k: v for k, v in _flatten(r.config).items() if k not in IGNORED} for r in runs]
+    flat = [{k: v for k, v in _flatten(run_setting(r.config)).items() if k not in IGNORED} for r in runs]
     keys = sorted({k for f in flat for k in f})
     varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flat}) > 1]
     groups: dict[tuple, list[Run]] = {}

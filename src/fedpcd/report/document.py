@@ -14,7 +14,9 @@ from fedpcd.report import (
     report_table,
     unfinished_runs,
 )
-from fedpcd.report.paper import METHOD_SECTION, build_grid, paper_sections, run_class_heatmap
+from fedpcd.report.figures import run_class_heatmap
+from fedpcd.report.grid import METHOD_SECTION, build_grid
+from fedpcd.report.paper import paper_sections
 from fedpcd.utils import check_writable, read_user_text
 
 

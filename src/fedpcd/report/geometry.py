@@ -64,8 +64,9 @@ def _mean_or_none(values: list[float | None]) -> float | None:
 
 def run_geometry(run_dir: str | Path) -> dict[str, float | None]:
     """The global, held and missing angles (degrees) of a finished run with a checkpoint (see module doc)."""
+    from fedpcd.algorithms.fedavg import feature_map
     from fedpcd.engine import open_run
-    from fedpcd.engine.federation import client_step
+    from fedpcd.engine.federation import local_step
 
     fed, algorithm, ckpt = open_run(run_dir)
     if fed.context.heterogeneous:
@@ -74,28 +75,20 @@ def run_geometry(run_dir: str | Path) -> dict[str, float | None]:
     server, states = ckpt["server"], ckpt["client_states"]
     model = fed.model_for(0)
     test_x, test_y, classes = fed.dataset.normalized("test"), fed.dataset.test_y, fed.dataset.num_classes
-    global_features = algorithm.global_features(model, server)
+    global_model = algorithm.global_predictor(model, server)
     angle_all = None
-    if global_features is not None:
-        angle_all = mean_angle(_means(global_features, model, test_x, test_y, classes))
+    if global_model is not None:
+        angle_all = mean_angle(_means(feature_map(global_model, model), model, test_x, test_y, classes))
     held, missing = [], []
     for k, data in enumerate(fed.clients):
         state = states.get(k)
         payload = algorithm.payload_for(server, k)
         client_model = fed.model_for(k, fresh=state is None)
-        _, state, _ = client_step(
-            algorithm,
-            client_model,
-            data,
-            payload,
-            state,
-            seed=config.seed,
-            rnd=config.rounds + 1,
-            evaluate=False,
+        _, work = local_step(
+            algorithm, client_model, data, payload, state, seed=config.seed, rnd=config.rounds + 1
         )
-        means = _means(
-            algorithm.personal_features(client_model, payload, state), client_model, test_x, test_y, classes
-        )
+        personal = feature_map(algorithm.personal_predictor(client_model, work), client_model)
+        means = _means(personal, client_model, test_x, test_y, classes)
         present = data.label_counts > 0
         held.append(mean_angle(means, present))
         missing.append(mean_angle(means, ~present))

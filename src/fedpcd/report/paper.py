@@ -1,172 +1,39 @@
-"""The papers' layout of many runs: methods as rows, settings as columns.
+"""The papers' tables of many runs: methods as rows, settings as columns (``fedpcd.report.grid``).
 
-A run's *method* is its ``algorithm`` section (name and parameters); its *setting* is every other config key
-that differs between the runs (partition, number of clients, participation, dataset, ...), named the way the
-papers name them (P10C2, Dir(0.1), IID; ``K=100`` and ``participation=0.1`` added when they vary). Seeds of
-the same method and setting form one cell: mean ± std over seeds of a per-run value, either the mean over the
-run's last ``last`` evaluated rounds ("last") or its best evaluated round ("best"), the two protocols the
-papers mix; the best method of each column is in bold, "(n)" follows a cell with fewer seeds than the table's
-fullest cell, and an arrow marks a method whose paired difference to the reference method (same setting and
-seed: same partition and initial weights) exceeds the seed spread (``separation``).
+A cell is mean ± std over seeds of a per-run value, either the mean over the run's last ``last`` evaluated
+rounds ("last") or its best evaluated round ("best"); the best method of each column is in bold, "(n)"
+follows a cell with fewer seeds than the table's fullest cell, and an arrow marks a method whose paired
+difference to the reference method (same setting and seed: same partition and initial weights) exceeds the
+seed spread (``separation``).
 
 Also here: the communication view of FedMR's and FedSC's tables (rounds and megabytes each method needs to
-reach the reference method's best GA of the same setting and seed), one accuracy-vs-round plot per setting
-(one line per method, the band spanning the seeds), the partitions' client x class heatmaps (from the runs'
-partition.json, no data needed) and a CSV of every cell.
+reach the reference method's best GA of the same setting and seed), the mean ranks, the legend and reading
+text generated from the runs, a CSV of every cell, and the document's sections, which link the figures of
+``fedpcd.report.figures``.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
-import re
 import statistics
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedpcd.errors import UserError
 from fedpcd.report import (
     Run,
-    _flatten,
     _without_algorithm,
-    group_runs,
-    last_mean,
     last_rounds_phrase,
     mean_bytes,
     mean_std,
-    setting_columns,
     swing,
 )
-from fedpcd.run_format import GA, HEADLINE, REPORTED, RunFiles
-from fedpcd.utils import atomic_write, atomic_write_text, read_json, show_path
-
-METHOD_SECTION = "algorithm"
-PROTOCOLS = ("last", "best")
-_SCHEME_ORDER = ["iid", "dirichlet", "shards", "pathological", "fedssa", "longtail", "explicit"]
-
-
-def partition_name(partition: dict[str, Any], clients: int) -> str:
-    """The papers' short name of a partition: P10C2, Dir(0.1), IID, shards(2), LT(0.01)+..., SSA-C2."""
-    scheme = partition.get("scheme")
-    if scheme == "pathological":
-        return f"P{clients}C{partition.get('classes_per_client')}"
-    if scheme == "dirichlet":
-        return f"Dir({partition.get('beta'):g})"
-    if scheme == "iid":
-        return "IID"
-    if scheme == "shards":
-        return f"shards({partition.get('shards_per_client')})"
-    if scheme == "fedssa":
-        return f"SSA-C{partition.get('classes_per_client')}"
-    if scheme == "longtail":
-        return f"LT({partition.get('rho'):g})+{partition_name(partition.get('then') or {}, clients)}"
-    return str(scheme)
-
-
-def _setting_sort_key(config: dict[str, Any], unusual: int) -> tuple:
-    """Settings that differ from the others only in the partition first, ordered from mild to strong skew
-    (IID, Dir(0.5), Dir(0.1), P10C3, P10C2), then those with ``unusual`` other keys (P5C2, K=100 ...)."""
-    part = config.get("partition", {})
-    scheme = part.get("scheme")
-    rank = _SCHEME_ORDER.index(scheme) if scheme in _SCHEME_ORDER else len(_SCHEME_ORDER)
-    strength = -float(part.get("beta", part.get("classes_per_client", 0)) or 0)
-    return (
-        unusual,
-        rank,
-        strength,
-        config.get("clients", 0),
-        json.dumps(config, sort_keys=True, default=str),
-    )
-
-
-@dataclass
-class Grid:
-    """Runs arranged as methods x settings; ``cells[(method, setting)]`` holds the seeds' runs."""
-
-    methods: list[str]
-    settings: list[str]
-    cells: dict[tuple[str, str], list[Run]] = field(default_factory=dict)
-
-    def runs(self, method: str, setting: str) -> list[Run]:
-        return self.cells.get((method, setting), [])
-
-
-def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
-    """Arrange runs by method (the algorithm section) and setting (every other varying key but the seed)."""
-    varying, _ = group_runs(list(runs))
-    method_keys = [k for k in varying if k.partition(".")[0] == METHOD_SECTION]
-    setting_keys = [k for k in varying if k.partition(".")[0] != METHOD_SECTION]
-    flats = [_flatten(run.config) for run in runs]
-    usual = {k: _usual(k, [f.get(k) for f in flats]) for k in setting_keys}
-    methods: dict[str, None] = {}
-    settings: dict[str, tuple] = {}
-    cells: dict[tuple[str, str], list[Run]] = {}
-    for run, flat in zip(runs, flats, strict=True):
-        method = setting_columns(method_keys, tuple(flat.get(k) for k in method_keys)).get(METHOD_SECTION)
-        method = method or run.config[METHOD_SECTION]["name"]
-        unusual = [k for k in setting_keys if json.dumps(flat.get(k), default=str) != usual[k]]
-        setting = _setting_name(run.config, flat, unusual)
-        methods.setdefault(method)
-        others = sum(not k.startswith("partition.") for k in unusual)
-        settings.setdefault(
-            setting, _setting_sort_key({k: v for k, v in run.config.items() if k != "seed"}, others)
-        )
-        cells.setdefault((method, setting), []).append(run)
-    ordered_methods = sorted(methods, key=lambda m: (m.split()[0] != reference, m))
-    ordered_settings = sorted(settings, key=lambda s: settings[s])
-    return Grid(ordered_methods, ordered_settings, cells)
-
-
-def _usual(key: str, values: list[Any]) -> str | None:
-    """The value (as JSON) most runs have for a config key, left out of setting names: the most common one,
-    a tie going to the key's default; None (show the key everywhere) for a tie without the default."""
-    from fedpcd.config import Config
-
-    default = json.dumps(Config().to_dict().get(key) if "." not in key else None, default=str)
-    counts = Counter(json.dumps(v, default=str) for v in values).most_common()
-    tied = [v for v, n in counts if n == counts[0][1]]
-    if len(tied) == 1:
-        return tied[0]
-    return default if default in tied else None
-
-
-def _setting_name(config: dict[str, Any], flat: dict[str, Any], shown: list[str]) -> str:
-    """The partition's short name, then ``key=value`` for the other keys in ``shown`` (those whose value
-    differs from the one most runs have; pathological names already carry the number of clients)."""
-    clients = int(config.get("clients", 0))
-    part = config.get("partition", {})
-    name = partition_name(part, clients)
-    extra = []
-    for key in shown:
-        if key.startswith("partition.") or (key == "clients" and part.get("scheme") == "pathological"):
-            continue
-        label = "K" if key == "clients" else key
-        extra.append(f"{label}={flat.get(key)}")
-    return " ".join([name, *extra])
-
-
-def run_value(run: Run, metric: str, protocol: str, last: int) -> float | None:
-    """A run's ``metric``: mean over its last ``last`` evaluated rounds, or its best evaluated round."""
-    if protocol == "last":
-        return last_mean(run.records, metric, last)
-    values = [r[metric] for r in run.records if r.get(metric) is not None]
-    return max(values) if values else None
-
-
-def cell_values(grid: Grid, metric: str, protocol: str, last: int) -> dict[tuple[str, str], list[float]]:
-    """Per cell, the seeds' values of ``metric`` under ``protocol`` (cells without a value left out)."""
-    out = {}
-    for key, members in grid.cells.items():
-        values = [v for v in (run_value(r, metric, protocol, last) for r in members) if v is not None]
-        if values:
-            out[key] = values
-    return out
-
+from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
+from fedpcd.report.grid import PROTOCOLS, Grid, cell_values, run_value
+from fedpcd.run_format import GA, HEADLINE, REPORTED
+from fedpcd.utils import atomic_write_text
 
 ARROWS = {1: "↑", -1: "↓"}
 
@@ -370,79 +237,6 @@ def communication_table(grid: Grid, reference: str = "fedavg") -> str | None:
     return "\n".join(lines)
 
 
-def slug(text: str) -> str:
-    """A file-name-safe form of a setting name."""
-    return re.sub(r"[^A-Za-z0-9.=-]+", "_", text).strip("_")
-
-
-def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
-    """GA and PA-split over rounds in one setting: one line per method (mean over seeds), the band spans the
-    seeds (min to max), colours from tab20 with two line styles so 40 methods stay distinguishable, the
-    first (reference) method in thick black."""
-    from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(13, 5.2))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2)
-    colours = colormaps["tab20"].colors
-    for i, method in enumerate(grid.methods):
-        members = grid.runs(method, setting)
-        for ax, metric in zip(axes, HEADLINE, strict=False):
-            by_round: dict[int, list[float]] = {}
-            for run in members:
-                for r in run.records:
-                    if r.get(metric.key) is not None:
-                        by_round.setdefault(r["round"], []).append(100 * r[metric.key])
-            if not by_round:
-                continue
-            rounds = sorted(by_round)
-            lw = 1.4 if len(grid.methods) <= 12 else 1.0
-            style = {"color": colours[i % 20], "linestyle": "-" if i < 20 else "--", "lw": lw}
-            if i == 0:  # the reference method (FedAvg) stands out
-                style = {"color": "black", "linestyle": "-", "lw": 2.2}
-            ax.plot(rounds, [statistics.fmean(by_round[t]) for t in rounds], label=method, **style)
-            if len(members) > 1:
-                low = [min(by_round[t]) for t in rounds]
-                high = [max(by_round[t]) for t in rounds]
-                ax.fill_between(rounds, low, high, color=style["color"], alpha=0.15, lw=0)
-            ax.set_title(f"{setting}: {metric.label}")
-            ax.set_xlabel("round")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_ylabel(f"{metric.label} (%)")
-            ax.grid(alpha=0.3)
-    handles, labels = axes[1].get_legend_handles_labels()
-    if len(labels) < len(axes[0].get_legend_handles_labels()[1]):
-        handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right upper", fontsize=7, ncols=1 + len(labels) // 26)
-    fig.set_layout_engine("constrained")
-    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100, metadata={"Software": None}), "wb")
-
-
-def partition_counts(run: Run) -> list[list[int]] | None:
-    """The run's client x class train counts from its partition.json (None if the file is missing); a
-    malformed file is one line naming it."""
-    path = RunFiles(run.path).partition
-    if not path.exists():
-        return None
-    data = read_json(path, "partition file")
-    clients = data.get("clients") if isinstance(data, dict) else None
-    counts = [c.get("train_counts") if isinstance(c, dict) else None for c in clients or []]
-    if (
-        not counts
-        or not all(isinstance(row, list) and row for row in counts)
-        or len({len(row) for row in counts}) != 1
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for row in counts for v in row)
-    ):
-        raise UserError(
-            f"partition file {show_path(path)} is not a fedpcd partition: expected "
-            '{"clients": [{"train_counts": [...]}, ...]} with one count >= 0 per class for every client'
-        )
-    return counts
-
-
 def cells_csv(grid: Grid, last: int) -> str:
     """CSV, one row per method and setting: seeds, then mean and std of every metric under both protocols."""
     buffer = io.StringIO()
@@ -468,11 +262,6 @@ def cells_csv(grid: Grid, last: int) -> str:
                     ]
             writer.writerow(row)
     return buffer.getvalue()
-
-
-def _listing(names: Sequence[str]) -> str:
-    """ "a", "a and b", "a, b and c"."""
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def seeds_phrase(grid: Grid) -> str:
@@ -610,73 +399,3 @@ def paper_sections(
             heading = "## Partitions (train samples per client and class)"
             parts.append(heading + "\n\n" + "\n".join(partitions) + "\n")
     return "\n".join(parts)
-
-
-def last_class_accuracy(run: Run, key: str) -> list | None:
-    """``key`` (``global_class_acc`` or ``client_class_acc``) of the run's last evaluated round having it."""
-    return next((r[key] for r in reversed(run.records) if r.get(key) is not None), None)
-
-
-def plot_heatmap(rows: list[str], matrix: list[list[float | None]], path: str | Path, title: str) -> None:
-    """A rows x classes accuracy heatmap in % (blank where there is no value), values printed when small."""
-    import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    data = np.array([[np.nan if v is None else 100 * v for v in row] for row in matrix], dtype=float)
-    num_rows, num_classes = data.shape
-    size = (min(3.5 + 0.5 * num_classes, 16), min(max(2.4, 1.5 + 0.3 * num_rows), 14))
-    fig = Figure(figsize=size, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100)
-    ax.set_yticks(range(num_rows), rows, fontsize=8)
-    ax.set_xlabel("class")
-    ax.set_title(title, fontsize=10)
-    if num_classes <= 30:
-        ax.set_xticks(range(num_classes))
-    if num_rows * num_classes <= 800:
-        for i in range(num_rows):
-            for c in range(num_classes):
-                if not np.isnan(data[i, c]):
-                    colour = "black" if data[i, c] > 60 else "white"
-                    ax.text(c, i, f"{data[i, c]:.0f}", ha="center", va="center", fontsize=6, color=colour)
-    fig.colorbar(image, ax=ax, label="accuracy (%)")
-    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100, metadata={"Software": None}), "wb")
-
-
-def setting_class_heatmap(grid: Grid, setting: str, path: str | Path) -> bool:
-    """Methods x classes: the global model's accuracy on each class of the test set at each run's last
-    evaluated round, mean over seeds (which classes each method loses under this skew). False: no data."""
-    import numpy as np
-
-    rows, matrix = [], []
-    for method in grid.methods:
-        per_seed = [
-            v for v in (last_class_accuracy(r, "global_class_acc") for r in grid.runs(method, setting)) if v
-        ]
-        if per_seed:
-            values = np.array([[np.nan if x is None else x for x in v] for v in per_seed], dtype=float)
-            rows.append(method)
-            matrix.append([None if np.isnan(x) else float(x) for x in np.nanmean(values, axis=0)])
-    if not rows:
-        return False
-    if len({len(row) for row in matrix}) > 1:
-        raise UserError(
-            f"the runs of setting {setting!r} record accuracy per class for different numbers of classes "
-            f"({', '.join(str(len(row)) for row in matrix)}); are they runs of one dataset?"
-        )
-    plot_heatmap(rows, matrix, path, f"{setting}: global model, accuracy per class (last evaluated round)")
-    return True
-
-
-def run_class_heatmap(run: Run, path: str | Path) -> bool:
-    """One run: the global model's accuracy on each class (columns) at each evaluated round (rows), how
-    classes are learnt and forgotten under label skew. False when the run recorded none (no global model, or
-    a run written before ``global_class_acc`` existed)."""
-    rows = [r for r in run.records if r.get("global_class_acc") is not None]
-    if not rows:
-        return False
-    title = f"{run.path.name}: global model, accuracy per class and round"
-    plot_heatmap([f"round {r['round']}" for r in rows], [r["global_class_acc"] for r in rows], path, title)
-    return True

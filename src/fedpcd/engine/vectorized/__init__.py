@@ -1,7 +1,7 @@
 """The vectorized executor: the round's clients of one architecture trained at once.
 
 Same numbers as the sequential executor up to float rounding, for every algorithm that keeps FedAvg's
-``local_update``, ``fit``, ``train`` and ``before_step`` (FedAvg, FedProx, FedRS, FedLC, FedMR, FedNH,
+``local_update`` and ``fit`` (FedAvg, FedProx, FedRS, FedLC, FedMR, FedNH,
 FedGELA, FedGE, SCAFFOLD, FedDyn, FedDC, FedNTD, FedNova, MOON, FedProc, FedSC, CReFF, FedPer, FedBABU,
 LG-FedAvg, FedClassAvg, Local, FedAvg-FT, FedRoD, FedETF, FedProto, FD, FedSSA) unless its
 ``vectorize_blocker`` names a reason. Not covered (the sequential executor runs them, with a warning):
@@ -9,40 +9,41 @@ methods whose client runs more than one training loop (Ditto, FedRep) or trains 
 FedKD), FedMR's Lite variant (random picks inside the loss) and FedSC's ``compat_official`` audit mode (it
 collects features during training).
 
-How it reproduces ``FedAvg.local_update`` = ``begin_local``; ``fit`` (the shared ``train`` loop);
+How it reproduces ``FedAvg.local_update`` = ``begin_local``; ``fit`` (the shared loop ``train_loop``);
 ``end_local`` for K clients:
 
-- ``begin_local`` runs per client on the reusable model object with the client's own ``LocalWork``, as in
-  the sequential executor; the model's tensors and the tensors of each work (the payload and state the loss
-  sees, and the method's working values, e.g. FedNH's ``work.scale``) are stacked along a leading client
-  dimension, and the loss and ``correct_grads`` under vmap read one client's slices through a ``LocalWork``
-  of the same structure (with nothing received). A tensor that is the same object for every client (the
-  global model in FedProx's payload, an ETF) is shared instead. Trainable are the tensors
-  ``trainable_parameters`` returns (model parameters or working tensors: FedNH's scale, FedGELA's
-  projection); every other model parameter stays as loaded. Clients whose works differ in structure (MOON's
-  previous model, absent at a first participation; a working value that is not a tensor and differs) or that
-  train different tensors are trained as separate groups.
+- ``begin_local`` runs once per client on the reusable model object with the client's own ``LocalWork``,
+  as in the sequential executor (its model tensors are kept); the model's tensors and the tensors of each
+  work (the payload and state the loss sees, and the method's working values, e.g. FedNH's ``work.scale``)
+  are stacked along a leading client dimension, and the loss and ``correct_grads`` under vmap read one
+  client's slices through a ``LocalWork`` of the same structure (with nothing received, ``traceable``
+  set). A tensor that is the same object for every client (the global model in FedProx's payload, an ETF)
+  is shared instead. Trainable are the tensors ``trainable_parameters`` returns (model parameters or
+  working tensors: FedNH's scale, FedGELA's projection); every other model parameter stays as loaded.
+  Clients whose works differ in structure (MOON's previous model, absent at a first participation; a
+  working value that is not a tensor and differs) or that train different tensors are trained as separate
+  groups.
 - Training is step-synchronous: at step s every client with a batch left takes it from its own stream
   (``ClientData.batches`` with the client's generator, epoch after epoch: the sequential loop's batches and
   augmentation draws). Clients are grouped by batch size (one group at the full batch size; the short last
   batches form small groups), so batch-level losses (FedMR's decorrelation) are exact. Per group,
-  ``torch.func.vmap`` over the clients evaluates ``vector_loss`` through ``functional_call`` on a copy of the
+  ``torch.func.vmap`` over the clients evaluates ``loss`` through ``functional_call`` on a copy of the
   model (a "twin"), and one backward pass gives every client's gradient. A frozen model inside the loss
   (FedNTD's teacher, MOON's global and previous models: ``base.frozen_forward``) is a nested
   ``functional_call`` on the twin, vmapped with the rest (shared or per-client weights).
-- ``before_step``'s ``correct_grads`` (SCAFFOLD's c - c_i, FedDyn's and FedDC's regulariser gradients) is
+- ``correct_grads`` (SCAFFOLD's c - c_i, FedDyn's and FedDC's regulariser gradients) is
   vmapped over the clients' stacked gradients, parameters and works.
 - The optimiser is ``torch.optim.SGD``'s single-tensor update on stacked tensors, each client its own:
   gradient-norm clipping as ``clip_grad_norm_`` (total norm over the trainable tensors, coefficient
   max / (norm + 1e-6) clamped to 1), g + wd w, momentum buffer b <- m b + g (zero-initialised: the first
   step is b = g, as torch's clone), w <- w - lr b. The mean train loss is accumulated as the loop does.
-- Then each client is re-entered (``begin_local`` again, which must not draw from the generator), the trained
-  tensors are written into the model and the work, and ``end_local`` (control variates, drifts,
+- Then per client its model tensors (as ``begin_local`` left them) and its trained tensors are written into
+  the model and its work, the work's ``steps`` set, and ``end_local`` (control variates, drifts,
   FedBABU's and FedAvg-FT's fine-tuning, which stays sequential) and the personal evaluation run as in the
   sequential executor. Client states are committed once the whole round succeeded; anything the executor
   cannot stack makes the round run sequentially (:func:`train_or_none`).
-- Personal evaluation is batched: when the personal predictor is the model itself, or the algorithm gives
-  ``personal_extra`` / ``personal_logits`` (FedGELA, FedNH), the clients' personal models are stacked and
+- Personal evaluation is batched: when the personal predictor is the model itself, or a ``Readout`` over it
+  (FedGELA, FedNH, FedRoD), the clients' personal models are stacked and
   vmapped over chunks of the full test set, or of their local test splits padded to the longest
   (``personal_test: split``). Predictions equal the sequential ones up to ties within float rounding.
 
@@ -82,11 +83,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedpcd.algorithms import FedAvg, LocalWork
+from fedpcd.algorithms import FedAvg
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.engine.client_result import ClientResult
 from fedpcd.engine.federation import Federation
-from fedpcd.engine.vectorized.clients import Fallback, Pending, begin, context_of, write_back
+from fedpcd.engine.vectorized.clients import Fallback, Pending, begin, write_back
 from fedpcd.engine.vectorized.evaluation import evaluate_batched, evaluate_or_defer
 from fedpcd.engine.vectorized.stacking import model_tensors, skeleton, tensor_leaves, twin_of
 from fedpcd.engine.vectorized.steps import train_steps
@@ -106,7 +107,7 @@ def blocker(algorithm: FedAvg, fed: Federation, ids: Sequence[int]) -> str | Non
     if reason is not None:
         return reason
     cls = type(algorithm)
-    for hook in ("local_update", "fit", "train", "before_step"):
+    for hook in ("local_update", "fit"):
         if getattr(cls, hook) is not getattr(FedAvg, hook):
             return f"{cls.__name__} is not covered by the vectorized executor (it overrides {hook})"
     if len(ids) < 2:
@@ -238,25 +239,23 @@ def _train_chunk(
     model = fed.model_for(clients[0].k)
     final: list[dict[str, Tensor]] = [{} for _ in clients]
     losses: list[float] = [0.0] * len(clients)
+    steps: list[int] = [0] * len(clients)
     for _, members in groups:
-        group_final, group_losses = train_steps(algorithm, model, [clients[j] for j in members])
-        for j, f, loss in zip(members, group_final, group_losses, strict=True):
-            final[j], losses[j] = f, loss
+        group_final, group_losses, group_steps = train_steps(algorithm, model, [clients[j] for j in members])
+        for j, f, loss, n in zip(members, group_final, group_losses, group_steps, strict=True):
+            final[j], losses[j], steps[j] = f, loss, n
 
     results = []
     pending: list[Pending] = []
     bound = twin_of(model)
     for j, c in enumerate(clients):
-        model = fed.model_for(c.k, fresh=c.state is None)
-        work = LocalWork(c.payload, c.state, torch.Generator().manual_seed(c.rng.initial_seed()), round=rnd)
-        algorithm.begin_local(model, c.data, work)
-        context = context_of(work)
-        if skeleton(context) != skeletons[j]:
-            raise Fallback("begin_local gave a different context on re-entry")
-        write_back(model, context, final[j])
+        model = fed.model_for(c.k)
+        write_back(model, c, final[j])
         model.train()  # as the shared loop leaves it
-        # end_local goes on with the client's generator where its batches left it, as in the sequential loop
-        work.rng = c.rng
+        # end_local goes on with the client's work, its generator where its batches left it, as in the
+        # sequential loop
+        work = c.work
+        work.steps = steps[j]
         reply, state = algorithm.end_local(model, c.data, work, losses[j])
         work.state = state  # what personal_predictor reads, as after local_update
         if state is not None:

@@ -1,6 +1,6 @@
 """The vectorized executor's participants: one client's ``begin_local`` (its :class:`LocalWork`, whose
 tensors the executor stacks, and its trainable tensors), its batch stream, and the write-back of its trained
-tensors."""
+tensors into the model and that same work."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from fedpcd.algorithms import ClientData, FedAvg, LocalWork
+from fedpcd.algorithms.fedavg import Readout
 from fedpcd.engine.federation import Federation, to_device
 from fedpcd.engine.vectorized.stacking import model_tensors, tensor_leaves
 from fedpcd.utils import derive_seed
@@ -31,13 +32,15 @@ class Client:
     state: Any  # as stored
     rng: torch.Generator
     round: int
-    context: dict[str, Any]  # {"payload", "state", "values"}: what the loss sees (``context_of``)
+    work: LocalWork  # after begin_local; end_local and the personal evaluation go on with it
+    context: dict[str, Any]  # {"payload", "state", "values"} of ``work``: what the loss sees (``context_of``)
     tensors: dict[str, Tensor]  # the model's tensors after begin_local (snapshots)
     trainable: list[str]  # keys "m:<name>" / "c:<leaf index>" of the trainable tensors, optimiser order
 
 
-# a client whose personal evaluation is batched: (result position, client, model tensors, personal_extra)
-Pending = tuple[int, Client, dict[str, Tensor], dict[str, Any] | None]
+# a client whose personal evaluation is batched: (result position, client, model tensors, the Readout of its
+# personal predictor, None when that is the model itself)
+Pending = tuple[int, Client, dict[str, Tensor], Readout | None]
 
 
 def context_of(work: LocalWork) -> dict[str, Any]:
@@ -47,9 +50,12 @@ def context_of(work: LocalWork) -> dict[str, Any]:
 
 
 def work_of(context: dict[str, Any], rng: torch.Generator, rnd: int) -> LocalWork:
-    """A :class:`LocalWork` holding ``context`` (under vmap: one client's slices of the stacked tensors), with
-    nothing received and the spare generator ``rng`` (the loss must not draw)."""
-    return LocalWork(context["payload"], context["state"], rng, round=rnd, received={}, **context["values"])
+    """A traceable :class:`LocalWork` holding ``context`` (under vmap: one client's slices of the stacked
+    tensors), with nothing received and the spare generator ``rng`` (the loss must not draw)."""
+    values = context["values"]
+    return LocalWork(
+        context["payload"], context["state"], rng, round=rnd, received={}, traceable=True, **values
+    )
 
 
 def begin(
@@ -75,7 +81,7 @@ def begin(
                 raise Fallback("a trainable tensor is neither a model parameter nor in the loss's inputs")
             trainable.append(names[id(p)])
     tensors = {n: t.detach().clone() for n, t in model_tensors(model).items()}
-    return Client(k, fed.clients[k], payload, state, rng, rnd, context, tensors, trainable)
+    return Client(k, fed.clients[k], payload, state, rng, rnd, work, context, tensors, trainable)
 
 
 def batch_stream(client: Client, batch_size: int, epochs: int) -> Iterator[tuple[Tensor, Tensor]]:
@@ -84,11 +90,14 @@ def batch_stream(client: Client, batch_size: int, epochs: int) -> Iterator[tuple
         yield from client.data.batches(batch_size, client.rng)
 
 
-def write_back(model: nn.Module, context: dict[str, Any], final: dict[str, Tensor]) -> None:
-    """Put one client's trained (or in-place updated) tensors into the model and its re-entered context."""
+def write_back(model: nn.Module, client: Client, final: dict[str, Tensor]) -> None:
+    """Put the client's model tensors as ``begin_local`` left them into the (shared) model object, then its
+    trained (or in-place updated) tensors into the model and its work."""
     tensors = model_tensors(model)
-    leaves = tensor_leaves(context)
+    leaves = tensor_leaves(client.context)
     with torch.no_grad():
+        for name, value in client.tensors.items():
+            tensors[name].copy_(value)
         for key, value in final.items():
             kind, name = key.split(":", 1)
             target = tensors[name] if kind == "m" else leaves[int(name)]

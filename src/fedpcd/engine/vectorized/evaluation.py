@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from fedpcd.algorithms import FedAvg, LocalWork
+from fedpcd.algorithms.fedavg import Readout
 from fedpcd.engine.federation import Federation
 from fedpcd.engine.metrics import personal_metrics, predict, predict_stacked, split_metrics
 from fedpcd.engine.vectorized.clients import Client, Pending
@@ -37,14 +38,14 @@ def evaluate_or_defer(
     pending: list[Pending],
 ) -> dict[str, Any] | None:
     """client_step's personal metrics after the client's update (``work``): deferred (None) when the
-    personal predictor can be batched (it is the model itself, or the algorithm gives ``personal_extra``),
-    else computed now."""
+    personal predictor can be batched (it is the model itself, or a :class:`Readout` over it), else computed
+    now."""
     data = client.data
     predictor = algorithm.personal_predictor(model, work)
-    extra = None if predictor is model else algorithm.personal_extra(model, work)
-    if predictor is model or extra is not None:
+    readout = predictor if isinstance(predictor, Readout) and predictor.model is model else None
+    if predictor is model or readout is not None:
         tensors = {n: t.detach().clone() for n, t in model_tensors(model).items()}
-        pending.append((pos, client, tensors, extra))
+        pending.append((pos, client, tensors, readout))
         return None
     if fed.config.personal_test == "full":
         pred = predict(predictor, data.test_x)
@@ -61,13 +62,15 @@ def evaluate_batched(
     test set, or (``full_test`` False) of their local test splits, padded to the longest."""
     groups: dict[Any, list[Pending]] = {}
     for item in pending:
-        key = (id(item[1].data.test_x), item[3] is None, skeleton(item[3]))
+        readout = item[3]
+        logits = None if readout is None else readout.logits
+        key = (id(item[1].data.test_x), logits, skeleton(None if readout is None else readout.tensors))
         groups.setdefault(key, []).append(item)
     for items in groups.values():
-        weights, extras = [it[2] for it in items], [it[3] for it in items]
+        weights, readouts = [it[2] for it in items], [it[3] for it in items]
         data = items[0][1].data
         if full_test:
-            preds = predict_group(algorithm, bound, weights, extras, data.test_x, shared_x=True)
+            preds = predict_group(bound, weights, readouts, data.test_x, shared_x=True)
             for (pos, client, _, _), pred in zip(items, preds, strict=True):
                 d = client.data
                 yield pos, personal_metrics(pred, d.test_y, d.local_test_idx, d.label_counts)
@@ -80,22 +83,23 @@ def evaluate_batched(
             padded = torch.zeros(len(splits), longest, dtype=torch.long, device=splits[0].device)
             for i, split in enumerate(splits):
                 padded[i, : len(split)] = split
-            preds = predict_group(algorithm, bound, weights, extras, data.test_x[padded], shared_x=False)
+            preds = predict_group(bound, weights, readouts, data.test_x[padded], shared_x=False)
         for (pos, client, _, _), pred, split in zip(items, preds, splits, strict=True):
             yield pos, split_metrics(pred[: len(split)], client.data.test_y[split])
 
 
 def predict_group(
-    algorithm: FedAvg,
     bound: Bound,
     weights: list[dict[str, Tensor]],
-    extras: list[dict[str, Any] | None],
+    readouts: list[Readout | None],
     x: Tensor,
     shared_x: bool,
 ) -> Tensor:
     """[M, n] predictions of M personal models on ``x`` ([n, ...] for all with ``shared_x``, else [M, n,
-    ...]): the model with ``weights[i]`` (and, unless all ``extras`` are None, ``personal_logits`` with
-    ``extras[i]``), vmapped over the clients in chunks of the samples."""
+    ...]): the model with ``weights[i]`` (and, unless all ``readouts`` are None, the readout's logits with
+    ``readouts[i].tensors``; one logits function for all), vmapped over the clients in chunks of the
+    samples."""
+    extras = [None if r is None else r.tensors for r in readouts]
     names = list(weights[0])
     shared: dict[str, Tensor] = {}
     stacked: dict[str, Tensor] = {}
@@ -105,6 +109,7 @@ def predict_group(
             value, is_stacked = value.expand(len(weights), *value.shape), True
         (stacked if is_stacked else shared)[n] = value
     template = extras[0]
+    readout_logits = None if readouts[0] is None else readouts[0].logits
     leaf_lists = [tensor_leaves(e) for e in extras]
     extra_shared: dict[int, Tensor] = {}
     extra_stacked: dict[int, Tensor] = {}
@@ -120,7 +125,7 @@ def predict_group(
             return functional_call(bound, params, (lambda m: m(xb),))
         e = {**extra_shared, **extra_t}
         extra = rebuild(template, iter([e[i] for i in range(n_leaves)]))
-        return functional_call(bound, params, (lambda m: algorithm.personal_logits(m, xb, extra),))
+        return functional_call(bound, params, (lambda m: readout_logits(m, xb, extra),))
 
     many = vmap(logits, in_dims=(0, 0, None if shared_x else 0), randomness="error")
     chunk = max(64, EVAL_BATCH * 8 // max(len(weights), 8))

@@ -1,4 +1,4 @@
-"""The vectorized executor's training loop: the shared ``train`` loop for a group of clients at once,
+"""The vectorized executor's training loop: the shared loop ``train_loop`` for a group of clients at once,
 step-synchronous, one vmapped loss and one backward pass per batch-size group and step."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from fedpcd.engine.vectorized.stacking import rebuild, stack_or_share, tensor_le
 
 def train_steps(
     algorithm: FedAvg, model: nn.Module, clients: list[Client]
-) -> tuple[list[dict[str, Tensor]], list[float]]:
+) -> tuple[list[dict[str, Tensor]], list[float], list[int]]:
     """The shared loop for all ``clients`` at once; per client the trained tensors (trainable ones and those
-    the loss updated in place) and the mean train loss."""
+    the loss updated in place), the mean train loss and the number of steps."""
     cfg = algorithm.ctx.local
     first = clients[0]
     lr = round_lr(cfg, first.round)
-    momentum, decay, clip = cfg.momentum, cfg.weight_decay, algorithm.max_grad_norm()
+    momentum, decay, clip = cfg.momentum, cfg.weight_decay, cfg.grad_clip
     batch_size, epochs = cfg.batch_size, cfg.epochs
     n_clients = len(clients)
     trainable_keys = first.trainable
@@ -71,7 +71,7 @@ def train_steps(
     def client_loss(tr: dict[str, Tensor], per: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
         t, work = enter(tr, per)
         params = {f"m.{n}": t[f"m:{n}"] for n in model_names}
-        return functional_call(bound, params, (lambda m: algorithm.vector_loss(m, (x, y), work),))
+        return functional_call(bound, params, (lambda m: algorithm.loss(m, (x, y), work),))
 
     def client_grads(
         grads: dict[str, Tensor], tr: dict[str, Tensor], per: dict[str, Tensor]
@@ -130,7 +130,7 @@ def train_steps(
             losses = batched_loss(leaves, per, xs, ys)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
             with torch.no_grad():
-                if correcting:  # before_step's correct_grads, per client
+                if correcting:  # correct_grads, per client, as the shared loop calls it
                     grads = corrected_grads(batched_grads, list(tr), grads, tr, per)
                 momenta_of = [mom.get(k) for k in tr]
                 sgd_step(list(tr.values()), list(grads), momenta_of, lr, momentum, decay, clip)
@@ -142,7 +142,7 @@ def train_steps(
                 totals.index_add_(0, pos, losses.detach() * size)
     retire([])
     mean_losses = [float(totals[j]) / max(sizes[j] * epochs, 1) for j in range(n_clients)]
-    return final, mean_losses
+    return final, mean_losses, steps
 
 
 def corrected_grads(
@@ -153,7 +153,7 @@ def corrected_grads(
     carried: dict[str, Tensor],
 ) -> list[Tensor | None]:
     """``grads`` (stacked, in ``keys`` order) after the vmapped ``correct_grads`` (``batched``), which sees
-    the model parameters' gradients by name (those that exist, as ``before_step`` does)."""
+    the model parameters' gradients by name (those that exist, as the shared loop passes them)."""
     pairs = list(zip(keys, grads, strict=True))
     fixed = batched({k[2:]: g for k, g in pairs if g is not None and k.startswith("m:")}, trainable, carried)
     return [fixed.get(k[2:], g) if g is not None and k.startswith("m:") else g for k, g in pairs]

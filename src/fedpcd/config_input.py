@@ -1,0 +1,153 @@
+"""Reading what users write for a config: YAML files, ``KEY=VALUE`` overrides, and the bounds every value
+must meet before it is validated (``fedpcd.config``).
+
+YAML is read with aliases refused (a few hundred bytes of them expand to gigabytes) and nesting bounded; an
+override's value is a YAML scalar or list; every value of the merged tree must be finite, fit 64-bit
+integers or float32 (what tensors hold) and hold no NUL character. Problems are one-line UserErrors.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedpcd.errors import UserError, clip, short
+
+MAX_DEPTH = 32  # nesting levels of a config (YAML file, override value, or the merged tree)
+_INT64 = 2**63
+
+
+class _Refused(Exception):
+    """YAML that the config loader refuses (aliases, deep nesting, unreadable numbers)."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases (``*name``: a few hundred bytes of them expand to gigabytes)
+    and nesting deeper than ``MAX_DEPTH`` levels."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            if event.anchor in self.anchors:  # an undefined alias stays a YAML error
+                raise _Refused(
+                    f"uses the YAML alias *{clip(event.anchor, 40)} "
+                    f"(line {event.start_mark.line + 1}); aliases are not allowed in configs: write it out"
+                )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(f"is nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as plain data, without aliases or deep nesting (those raise ``_Refused``)."""
+    loader = _ConfigLoader(text)
+    try:
+        return loader.get_single_data()
+    except (ValueError, OverflowError) as exc:  # e.g. an integer of more than 4300 digits
+        raise _Refused(f"holds a value that cannot be read ({clip(str(exc), 60)})") from None
+    finally:
+        loader.dispose()
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` -> ``{"a": {"b": 1}, "c": "x"}``; values are parsed as YAML scalars/lists."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise UserError(
+                f"bad override {short(item)}; expected KEY=VALUE with a dotted key, e.g. partition.beta=0.1"
+            )
+        try:
+            value = load_yaml(raw) if raw else None
+        except yaml.YAMLError:
+            value = raw
+        except _Refused as exc:
+            raise UserError(f"override '{clip(key)}' {exc}") from None
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserError(f"override {short(item)} conflicts with an earlier override of {short(part)}")
+            node = child
+        node[leaf] = value
+    return tree
+
+
+def merge_dicts(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_dicts(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML config file; a missing, unreadable, non-UTF-8 or non-mapping one: UserError."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file not found: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"config file {p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise UserError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"config file {p} is not valid YAML{where}") from None
+    except _Refused as exc:
+        raise UserError(f"config file {p} {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {p} must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def check_values(tree: Any, key: str = "", depth: int = 0) -> None:
+    """Every value of a config tree: at most ``MAX_DEPTH`` levels deep, no NUL in a string (not a path or a
+    name), integers that fit in 64 bits, floats finite and representable as float32 (what tensors hold)."""
+    name = clip(key or "config")
+    if depth > MAX_DEPTH:
+        raise UserError(f"config key '{name}' is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            check_values(v, f"{key}.{k}" if key else str(k), depth + 1)
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            check_values(v, f"{key}[{i}]", depth + 1)
+    elif isinstance(tree, str) and "\x00" in tree:
+        raise UserError(f"bad value for '{name}' ({short(tree)}): contains a NUL character")
+    elif isinstance(tree, int) and not isinstance(tree, bool) and not -_INT64 <= tree < _INT64:
+        raise UserError(f"bad value for '{name}' ({short(tree)}): must fit in 64 bits (|x| < 2^63)")
+    elif isinstance(tree, float):
+        if not math.isfinite(tree):
+            raise UserError(f"bad value for '{name}' ({tree!r}): must be a finite number")
+        try:
+            as_float32 = struct.unpack("f", struct.pack("f", tree))[0]
+        except OverflowError:
+            as_float32 = math.inf
+        if math.isinf(as_float32) or (tree != 0.0 and as_float32 == 0.0):
+            raise UserError(
+                f"bad value for '{name}' ({tree!r}): must be representable as float32 (0, or 1.4e-45 <= |x| "
+                "<= 3.4e+38)"
+            )

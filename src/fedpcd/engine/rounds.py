@@ -1,0 +1,209 @@
+"""The round loop of every backend: sample, send, screen the replies, aggregate, evaluate, record, checkpoint.
+
+:func:`run_rounds` is the only round loop. Clients are reached through an executor
+(:class:`fedpcd.engine.executor.Executor`): the local backend's ``LocalExecutor`` (in this process) or the
+Flower backend's ``GridExecutor`` (ClientApps through Flower's Grid). Everything else is the same code for
+both: the divergence guard and client-failure handling (engine/guard.py), the records (engine/records.py),
+checkpoints and their resume (engine/checkpoint.py), the run directory (engine/rundir.py).
+
+A checkpoint holds the server state, every client's state (``Executor.states``), the metrics so far and the
+global RNG states; resuming from it (``checkpoint`` argument, read by :func:`open_checkpoint` before any data
+is loaded) gives the same metrics.jsonl as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from fedpcd.algorithms import FedAvg
+from fedpcd.config import Config
+from fedpcd.data.stats import partition_json
+from fedpcd.engine.checkpoint import check_checkpoint, checkpoint_records, checkpoint_state, restore_rng
+from fedpcd.engine.executor import Executor
+from fedpcd.engine.federation import Federation, global_evaluation, resolve_device, sample_clients
+from fedpcd.engine.guard import check_server, screen_replies
+from fedpcd.engine.metrics import accuracy, predict
+from fedpcd.engine.privacy import add_noise, clip_update
+from fedpcd.engine.records import round_record, summary_of
+from fedpcd.engine.rundir import RunDir
+from fedpcd.errors import UserError
+from fedpcd.run_format import headline
+from fedpcd.trackers import open_trackers
+
+RecordHook = Callable[[dict[str, Any]], None]
+
+
+def is_eval_round(rnd: int, config: Config) -> bool:
+    return rnd % config.eval_every == 0 or rnd == config.rounds
+
+
+def extra_global_accuracies(algorithm: FedAvg, fed: Federation, server: dict[str, Any]) -> dict[str, float]:
+    """The accuracies of the algorithm's extra global predictors on the full test set (``global_acc_<name>``
+    in metrics.jsonl; see ``FedAvg.extra_global_predictors``)."""
+    test_x = getattr(fed, "test_x", None)
+    test_y = getattr(fed, "test_y", None)
+    if test_x is None or test_y is None:
+        test_x, test_y = fed.dataset.normalized("test"), fed.dataset.test_y
+    return {
+        name: accuracy(predict(predictor, test_x), test_y)
+        for name, predictor in algorithm.extra_global_predictors(fed.model_for(0), server)
+    }
+
+
+def aggregate_round(
+    algorithm: FedAvg,
+    config: Config,
+    rnd: int,
+    server: dict[str, Any],
+    replies: list[dict[str, Any]],
+    ids: list[int],
+) -> dict[str, Any]:
+    """``algorithm.aggregate`` with the round named in any failure, then the server-state divergence check."""
+    try:
+        server = algorithm.aggregate(server, replies)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise RuntimeError(
+            f"round {rnd}: algorithm {config.algorithm.name!r} failed to aggregate the updates of client(s) "
+            f"{', '.join(map(str, ids))}: {type(exc).__name__}: {exc}"
+        ) from exc
+    check_server(config, rnd, server, ids)
+    return server
+
+
+def open_checkpoint(
+    config: Config, run_dir: RunDir, resume: bool, allow_changes: Sequence[str] = ()
+) -> dict[str, Any] | None:
+    """The checkpoint a resume continues from, checked against ``config`` (None: start from round 0).
+
+    Reads no data, so a wrong resume fails before the dataset is loaded or Flower is started."""
+    if not (resume and run_dir.checkpoint.exists()):
+        return None
+    ckpt = run_dir.load_checkpoint(resolve_device(config.engine.device))
+    check_checkpoint(ckpt, run_dir, config, allow_changes)
+    if ckpt["round"] < config.rounds:
+        run_dir.discard_summary()  # of a finished run whose rounds were raised: it goes on
+    return ckpt
+
+
+def play_round(
+    config: Config,
+    fed: Federation,
+    algorithm: FedAvg,
+    executor: Executor,
+    server: dict[str, Any],
+    rnd: int,
+) -> tuple[dict[str, Any], dict[str, Any] | None, float]:
+    """One round: sample, train through ``executor``, screen the replies, clip (``privacy.clipping:
+    server``), aggregate, add the DP noise, evaluate on evaluated rounds. Returns the new server state, the
+    round's record (None when not evaluated) and its wall time."""
+    t0 = time.perf_counter()
+    ids = sample_clients(config.clients, config.participation, config.seed, rnd)
+    evaluate = is_eval_round(rnd, config)
+    results = executor.train(algorithm, server, ids, rnd, evaluate)
+    screened = screen_replies(
+        config,
+        rnd,
+        [r.client for r in results],
+        [r.reply if r.error is None else None for r in results],
+        [r.error for r in results],
+    )
+    kept = [results[i] for i in screened.kept]
+    privacy = config.privacy
+    if privacy.clip is not None and privacy.clipping == "server":
+        for r in kept:
+            payload = algorithm.payload_for(server, r.client)
+            r.reply, r.clipped = clip_update(r.reply, payload, privacy.clip, config.algorithm.name)
+    kept_ids, replies = [r.client for r in kept], [r.reply for r in kept]
+    server = aggregate_round(algorithm, config, rnd, server, replies, kept_ids)
+    server = add_noise(server, config, rnd, len(kept))
+    if not evaluate:
+        return server, None, time.perf_counter() - t0
+    ga, ga_classes = global_evaluation(algorithm, fed.model_for(0), fed, server)
+    extra = extra_global_accuracies(algorithm, fed, server)
+    wall = time.perf_counter() - t0
+    up, down = sum(r.bytes_up for r in results), sum(r.bytes_down for r in results)
+    metrics = [r.metrics for r in kept]
+    record = round_record(rnd, ga, replies, metrics, kept_ids, up, down, wall, extra, ga_classes)
+    if len(kept) < len(results):
+        record["left_out"] = sorted({*screened.failed, *screened.diverged})
+    if privacy.clip is not None:
+        record["dp_clipped"] = sum(r.clipped for r in kept)
+    return server, record, wall
+
+
+def run_rounds(
+    config: Config,
+    run_dir: RunDir,
+    fed: Federation,
+    executor: Executor,
+    checkpoint: dict[str, Any] | None = None,
+    *,
+    restart: bool = False,
+    progress: bool = True,
+    desc: str | None = None,
+    on_record: RecordHook | None = None,
+) -> dict[str, Any]:
+    """Run rounds ``checkpoint["round"] + 1 .. config.rounds`` (all of them without a checkpoint) in the
+    locked ``run_dir``; write metrics.jsonl, checkpoints and summary.json; return the summary.
+
+    ``restart``: a resumed run that had no checkpoint yet starts again from round 0 (its config.yaml kept).
+    Every record goes to the run's trackers (``tracking.loggers``, :mod:`fedpcd.trackers`), then to
+    ``on_record``."""
+    algorithm = fed.new_algorithm()
+    if checkpoint is not None:
+        server, start = checkpoint["server"], checkpoint["round"]
+        wall = float(checkpoint.get("wall_s", 0.0))
+        executor.restore(checkpoint["client_states"])
+        records = checkpoint_records(checkpoint, run_dir.checkpoint)
+        if records is None:  # a checkpoint written before checkpoints held the metrics
+            records = run_dir.truncate(start)
+        else:  # metrics.jsonl as it was at the checkpoint (drops rounds after it and any torn line)
+            run_dir.rewrite(records)
+        for k in range(config.clients):  # build every architecture's model (seeds the global RNG) ...
+            fed.model_for(k)
+        restore_rng(checkpoint.get("rng"))  # ... before the global RNG states are put back
+    else:
+        train_y, test_y = fed.dataset.train_y.numpy(), fed.dataset.test_y.numpy()
+        run_dir.create(config, partition_json(fed.partition, train_y, test_y), restart=restart)
+        server = algorithm.init_server(fed.model_for(0, fresh=True))  # client 0's architecture
+        executor.restore({})  # disk: the files of an attempt killed before its first checkpoint
+        start, wall, records = 0, 0.0, []
+
+    rounds = range(start + 1, config.rounds + 1)
+    desc = desc or config.algorithm.name
+    with (
+        open_trackers(config, run_dir.path, resume=checkpoint is not None or restart) as trackers,
+        tqdm(
+            rounds,
+            initial=start,
+            total=config.rounds,
+            disable=not progress,
+            desc=desc,
+            unit="round",
+            leave=False,
+        ) as bar,
+    ):
+        for rnd in bar:
+            server, record, round_wall = play_round(config, fed, algorithm, executor, server, rnd)
+            wall += round_wall
+            if record is not None:
+                run_dir.append(record)
+                records.append(record)
+                bar.set_postfix(headline(record))
+                trackers.log(record)
+                if on_record is not None:
+                    on_record(record)
+            every = config.engine.checkpoint_every
+            if every and (rnd % every == 0 or rnd == config.rounds):
+                state = checkpoint_state(rnd, server, executor.states(), wall, records, config)
+                run_dir.save_checkpoint(state)
+        summary = summary_of(records, wall, config.rounds)
+        run_dir.write_summary(summary)
+        trackers.close(summary)
+    return summary

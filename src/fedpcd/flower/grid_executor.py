@@ -1,0 +1,123 @@
+"""The Flower backend's executor: the round loop's clients are ClientApps reached through Flower's Grid.
+
+``GridExecutor`` implements the engine's ``Executor``: ``train`` encodes each participant's
+``payload_for(server, k)`` as a TRAIN Message (:mod:`fedpcd.flower.records`), sends them all, waits up to
+the round timeout, and decodes the replies into ``ClientResult`` objects in client-id order (weighted sums
+are not associative: arrival order would change the bits). A ClientApp that raised, or did not reply in
+time, gives a result with ``error`` set; the round loop leaves it out.
+
+Client states live on the nodes (``context.state``). ``states`` asks every node for its state (a QUERY
+``get-state``) so that a checkpoint is complete; ``restore`` sends each node its state back (``set-state``,
+on resume). Only checkpoints of algorithms with client states move them over the wire: with
+``engine.checkpoint_every: 0`` they never leave the nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Message, MessageType
+from flwr.serverapp import Grid
+
+from fedpcd.algorithms import FedAvg
+from fedpcd.algorithms.base import tensor_bytes
+from fedpcd.engine.client_result import ClientResult
+from fedpcd.engine.federation import to_device
+from fedpcd.errors import UserError
+from fedpcd.flower import records
+from fedpcd.flower.protocol import (
+    GET_STATE,
+    PAYLOAD,
+    PERSONAL,
+    REPLY,
+    SET_STATE,
+    STATE,
+    TASK,
+    raise_for_error,
+)
+
+
+class GridExecutor:
+    """The round's clients as Flower ClientApps (``nodes``: client id -> Flower node id)."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        nodes: Mapping[int, int],
+        config_text: str,
+        device: torch.device,
+        round_timeout: float = 3600.0,
+    ) -> None:
+        self.grid = grid
+        self.nodes = dict(nodes)
+        self.config_text = config_text
+        self.device = device
+        self.round_timeout = round_timeout
+        self.client_of = {node: k for k, node in self.nodes.items()}
+        self.clients_keep_state = False  # set once a ClientApp reports a state: checkpoints then fetch them
+
+    def train(
+        self, algorithm: FedAvg, server: dict[str, Any], ids: Sequence[int], rnd: int, evaluate: bool
+    ) -> list[ClientResult]:
+        messages, down = [], {}
+        for k in ids:
+            payload = algorithm.payload_for(server, k)
+            down[k] = tensor_bytes(payload)
+            content = records.record_dict(**{PAYLOAD: payload})
+            content[TASK] = ConfigRecord(
+                {"round": rnd, "client-id": k, "evaluate": evaluate, "config": self.config_text}
+            )
+            messages.append(
+                Message(content, message_type=MessageType.TRAIN, dst_node_id=self.nodes[k], group_id=str(rnd))
+            )
+        got: dict[int, ClientResult] = {}
+        for msg in self.grid.send_and_receive(messages, timeout=self.round_timeout):
+            k = self.client_of.get(msg.metadata.src_node_id, -1)
+            if msg.has_error():  # the ClientApp raised: left out (engine/guard.py); a UserError stops the run
+                try:
+                    raise_for_error(msg, f"round {rnd}: client {k}")
+                except UserError:
+                    raise
+                except RuntimeError as exc:
+                    got[k] = ClientResult(k, {}, None, down.get(k, 0), 0, error=exc)
+                continue
+            if int(msg.content[TASK]["client-id"]) != k:
+                raise RuntimeError(f"round {rnd}: reply for client {k} came from an unexpected node")
+            reply = to_device(records.decode(msg.content, REPLY), self.device)  # CPU tensors off the wire
+            metrics = records.get(msg.content, PERSONAL)
+            self.clients_keep_state |= bool(msg.content[TASK].get("has-state", False))
+            clipped = bool(msg.content[TASK].get("dp-clipped", False))
+            got[k] = ClientResult(k, reply, metrics, down[k], tensor_bytes(reply), clipped=clipped)
+        timeout = TimeoutError(f"no reply within the round timeout ({self.round_timeout:g} s)")
+        return [got.get(k) or ClientResult(k, {}, None, down[k], 0, error=timeout) for k in ids]
+
+    def _ask_all(self, action: str, states: Mapping[int, Any] | None = None) -> list[Message]:
+        messages = []
+        for k, node in sorted(self.nodes.items()):
+            content = records.record_dict(**({STATE: states.get(k)} if states is not None else {}))
+            content[TASK] = ConfigRecord({"action": action, "client-id": k, "config": self.config_text})
+            messages.append(Message(content, message_type=MessageType.QUERY, dst_node_id=node))
+        replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        for msg in replies:
+            raise_for_error(msg, f"client state ({action})")
+        if len(replies) < len(messages):
+            raise RuntimeError(f"client state ({action}): not every SuperNode replied in time")
+        return replies
+
+    def states(self) -> dict[int, Any]:
+        if not self.clients_keep_state:
+            return {}
+        out = {}
+        for msg in self._ask_all(GET_STATE):
+            state = records.get(msg.content, STATE)
+            if state is not None:
+                out[int(msg.content[TASK]["client-id"])] = to_device(state, self.device)
+        return dict(sorted(out.items()))
+
+    def restore(self, states: Mapping[int, Any]) -> None:
+        """Send the nodes their states (nothing to do for none: a Flower run's nodes start without state)."""
+        if states:
+            self._ask_all(SET_STATE, states)
+            self.clients_keep_state = True

@@ -1,0 +1,159 @@
+"""The report's figures: one accuracy-vs-round plot per setting (one line per method, the band spanning
+the seeds), the global model's accuracy per class as heatmaps (methods x classes per setting, rounds x
+classes per run), and the partitions' client x class counts (from the runs' partition.json, no data needed).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+from fedpcd.errors import UserError
+from fedpcd.report import Run
+from fedpcd.report.grid import Grid
+from fedpcd.run_format import HEADLINE, RunFiles
+from fedpcd.utils import atomic_write, read_json, show_path
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a setting name."""
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", text).strip("_")
+
+
+def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
+    """GA and PA-split over rounds in one setting: one line per method (mean over seeds), the band spans the
+    seeds (min to max), colours from tab20 with two line styles so 40 methods stay distinguishable, the
+    first (reference) method in thick black."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(13, 5.2))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    colours = colormaps["tab20"].colors
+    for i, method in enumerate(grid.methods):
+        members = grid.runs(method, setting)
+        for ax, metric in zip(axes, HEADLINE, strict=False):
+            by_round: dict[int, list[float]] = {}
+            for run in members:
+                for r in run.records:
+                    if r.get(metric.key) is not None:
+                        by_round.setdefault(r["round"], []).append(100 * r[metric.key])
+            if not by_round:
+                continue
+            rounds = sorted(by_round)
+            lw = 1.4 if len(grid.methods) <= 12 else 1.0
+            style = {"color": colours[i % 20], "linestyle": "-" if i < 20 else "--", "lw": lw}
+            if i == 0:  # the reference method (FedAvg) stands out
+                style = {"color": "black", "linestyle": "-", "lw": 2.2}
+            ax.plot(rounds, [statistics.fmean(by_round[t]) for t in rounds], label=method, **style)
+            if len(members) > 1:
+                low = [min(by_round[t]) for t in rounds]
+                high = [max(by_round[t]) for t in rounds]
+                ax.fill_between(rounds, low, high, color=style["color"], alpha=0.15, lw=0)
+            ax.set_title(f"{setting}: {metric.label}")
+            ax.set_xlabel("round")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylabel(f"{metric.label} (%)")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[1].get_legend_handles_labels()
+    if len(labels) < len(axes[0].get_legend_handles_labels()[1]):
+        handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=7, ncols=1 + len(labels) // 26)
+    fig.set_layout_engine("constrained")
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100, metadata={"Software": None}), "wb")
+
+
+def partition_counts(run: Run) -> list[list[int]] | None:
+    """The run's client x class train counts from its partition.json (None if the file is missing); a
+    malformed file is one line naming it."""
+    path = RunFiles(run.path).partition
+    if not path.exists():
+        return None
+    data = read_json(path, "partition file")
+    clients = data.get("clients") if isinstance(data, dict) else None
+    counts = [c.get("train_counts") if isinstance(c, dict) else None for c in clients or []]
+    if (
+        not counts
+        or not all(isinstance(row, list) and row for row in counts)
+        or len({len(row) for row in counts}) != 1
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for row in counts for v in row)
+    ):
+        raise UserError(
+            f"partition file {show_path(path)} is not a fedpcd partition: expected "
+            '{"clients": [{"train_counts": [...]}, ...]} with one count >= 0 per class for every client'
+        )
+    return counts
+
+
+def last_class_accuracy(run: Run, key: str) -> list | None:
+    """``key`` (``global_class_acc`` or ``client_class_acc``) of the run's last evaluated round having it."""
+    return next((r[key] for r in reversed(run.records) if r.get(key) is not None), None)
+
+
+def plot_heatmap(rows: list[str], matrix: list[list[float | None]], path: str | Path, title: str) -> None:
+    """A rows x classes accuracy heatmap in % (blank where there is no value), values printed when small."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    data = np.array([[np.nan if v is None else 100 * v for v in row] for row in matrix], dtype=float)
+    num_rows, num_classes = data.shape
+    size = (min(3.5 + 0.5 * num_classes, 16), min(max(2.4, 1.5 + 0.3 * num_rows), 14))
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=100)
+    ax.set_yticks(range(num_rows), rows, fontsize=8)
+    ax.set_xlabel("class")
+    ax.set_title(title, fontsize=10)
+    if num_classes <= 30:
+        ax.set_xticks(range(num_classes))
+    if num_rows * num_classes <= 800:
+        for i in range(num_rows):
+            for c in range(num_classes):
+                if not np.isnan(data[i, c]):
+                    colour = "black" if data[i, c] > 60 else "white"
+                    ax.text(c, i, f"{data[i, c]:.0f}", ha="center", va="center", fontsize=6, color=colour)
+    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100, metadata={"Software": None}), "wb")
+
+
+def setting_class_heatmap(grid: Grid, setting: str, path: str | Path) -> bool:
+    """Methods x classes: the global model's accuracy on each class of the test set at each run's last
+    evaluated round, mean over seeds (which classes each method loses under this skew). False: no data."""
+    import numpy as np
+
+    rows, matrix = [], []
+    for method in grid.methods:
+        per_seed = [
+            v for v in (last_class_accuracy(r, "global_class_acc") for r in grid.runs(method, setting)) if v
+        ]
+        if per_seed:
+            values = np.array([[np.nan if x is None else x for x in v] for v in per_seed], dtype=float)
+            rows.append(method)
+            matrix.append([None if np.isnan(x) else float(x) for x in np.nanmean(values, axis=0)])
+    if not rows:
+        return False
+    if len({len(row) for row in matrix}) > 1:
+        raise UserError(
+            f"the runs of setting {setting!r} record accuracy per class for different numbers of classes "
+            f"({', '.join(str(len(row)) for row in matrix)}); are they runs of one dataset?"
+        )
+    plot_heatmap(rows, matrix, path, f"{setting}: global model, accuracy per class (last evaluated round)")
+    return True
+
+
+def run_class_heatmap(run: Run, path: str | Path) -> bool:
+    """One run: the global model's accuracy on each class (columns) at each evaluated round (rows), how
+    classes are learnt and forgotten under label skew. False when the run recorded none (no global model, or
+    a run written before ``global_class_acc`` existed)."""
+    rows = [r for r in run.records if r.get("global_class_acc") is not None]
+    if not rows:
+        return False
+    title = f"{run.path.name}: global model, accuracy per class and round"
+    plot_heatmap([f"round {r['round']}" for r in rows], [r["global_class_acc"] for r in rows], path, title)
+    return True

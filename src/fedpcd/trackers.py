@@ -1,0 +1,345 @@
+"""Experiment trackers (``tracking.loggers``): every metrics.jsonl row and the resolved config mirrored to a
+CSV file, TensorBoard, Weights & Biases or MLflow (the extra ``fedpcd[trackers]``; docs/trackers.md).
+
+The round loop opens them with :func:`open_trackers` once the run directory exists, calls
+:meth:`Trackers.log` with each record after writing it to metrics.jsonl and :meth:`Trackers.close` with the
+summary at the end (an exception leaving the ``with`` block closes them as failed). What each receives:
+
+- ``csv``: ``metrics.csv``, a row per record and a column per key (in order of first appearance; a key
+  first seen later widens the header, earlier rows are empty there), lists as JSON text, None empty.
+- ``tensorboard``, ``wandb``, ``mlflow``: the record's finite numbers as scalars at step = round; None,
+  text, booleans and lists (client ids, per-client and per-class accuracies) are skipped (metrics.jsonl and
+  metrics.csv keep them). The summary's numbers go under ``summary.<dotted key>``
+  (``summary.final.global_acc``) at the last logged step; the config as TensorBoard text ``config``, the
+  W&B run config, MLflow params (dotted keys, values as JSON text but for strings).
+
+By default everything stays in the run directory: W&B runs offline under ``wandb/`` (its caches too), MLflow
+writes a file store ``mlruns/``, and neither sends telemetry (environment defaults, set only while the
+trackers are open and only where the environment does not set them). ``trackers.json`` keeps each
+logger's run id and the last round it logged: a resumed run continues the same tracker runs and logs only
+the rounds after that one, never a step twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib.util
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from fedpcd.config import Config, _flatten, config_yaml
+from fedpcd.errors import UserError
+from fedpcd.run_format import RunFiles
+from fedpcd.utils import atomic_write, atomic_write_text, read_json
+
+INSTALL = "pip install 'fedpcd[trackers]'"
+# logger -> the module it needs
+PACKAGES = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+LAST = "last_round"  # trackers.json: the last round a logger logged
+
+
+def scalars(tree: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a record or summary by dotted key (nested mappings flattened; None, text,
+    booleans and lists skipped)."""
+    return {
+        key: float(value)
+        for key, value in _flatten(tree).items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    }
+
+
+def _step_values(record: dict[str, Any]) -> dict[str, float]:
+    """A record's scalars but its round (the step they are logged at)."""
+    return {key: value for key, value in scalars(record).items() if key != "round"}
+
+
+def check_trackers(config: Config) -> None:
+    """A one-line UserError if a configured logger's package is not installed (nothing is imported)."""
+    for name in config.tracking.loggers:
+        module = PACKAGES[name]
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise UserError(
+                f"tracking.loggers lists {name!r}, but the package {module!r} is not installed; {INSTALL}"
+            )
+
+
+class _Logger(Protocol):
+    def log(self, step: int, record: dict[str, Any]) -> None: ...
+
+    def close(self, summary: dict[str, float], step: int, failed: bool) -> None: ...
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+class _Csv:
+    """``metrics.csv``: appended a row at a time; rewritten (atomically) when a record brings a new key."""
+
+    def __init__(self, run: RunFiles, config: Config, entry: dict[str, Any]) -> None:
+        self.path = run.metrics_csv
+        self.columns: list[str] = []
+        if entry[LAST] and self.path.exists():
+            with open(self.path, newline="", encoding="utf-8") as fh:
+                self.columns = next(csv.reader(fh), [])
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        row = {key: _cell(value) for key, value in record.items()}
+        new = [key for key in row if key not in self.columns]
+        if not new:
+            with open(self.path, "a", newline="", encoding="utf-8") as fh:
+                csv.DictWriter(fh, self.columns, lineterminator="\n").writerow(row)
+            return
+        rows = []
+        if self.columns:
+            with open(self.path, newline="", encoding="utf-8") as fh:
+                rows = list(csv.DictReader(fh))
+        self.columns += new
+
+        def write(fh: Any) -> None:
+            writer = csv.DictWriter(fh, self.columns, lineterminator="\n")
+            writer.writeheader()
+            writer.writerows([*rows, row])
+
+        atomic_write(self.path, write)
+
+    def close(self, summary: dict[str, float], step: int, failed: bool) -> None:
+        """Nothing to close (summary.json lies beside it)."""
+
+
+class _TensorBoard:
+    """``tensorboard/``: ``torch.utils.tensorboard.SummaryWriter`` event files (a resumed run adds a file)."""
+
+    def __init__(self, run: RunFiles, config: Config, entry: dict[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run.tensorboard))
+        if not entry[LAST]:
+            # config.yaml as a Markdown code block
+            text = "".join(f"    {line}\n" for line in config_yaml(config).splitlines())
+            self.writer.add_text("config", text, 0)
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        for key, value in _step_values(record).items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self, summary: dict[str, float], step: int, failed: bool) -> None:
+        for key, value in summary.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.close()
+
+
+class _Wandb:
+    """A W&B run (offline by default) in ``wandb/``; a resumed run reopens its id (offline: a second run
+    folder of the same id, which ``wandb sync`` appends)."""
+
+    def __init__(self, run: RunFiles, config: Config, entry: dict[str, Any]) -> None:
+        import wandb
+
+        tracking = config.tracking
+        settings = wandb.Settings(console="off", silent=True, x_disable_stats=True, reinit="create_new")
+        self.run = wandb.init(
+            dir=run.wandb.parent,  # W&B writes into <dir>/wandb
+            mode=tracking.wandb_mode,
+            project=tracking.project,
+            group=tracking.group,
+            name=run.path.name,
+            config=config.to_dict(),
+            id=entry.get("id"),
+            resume="allow" if "id" in entry else None,
+            settings=settings,
+        )
+        entry["id"] = self.run.id
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        self.run.log(_step_values(record), step=step)
+
+    def close(self, summary: dict[str, float], step: int, failed: bool) -> None:
+        import wandb
+
+        self.run.summary.update(summary)
+        self.run.finish(exit_code=1 if failed else 0)
+        if wandb.run is None:  # no other run of this process open: stop W&B's service (next run: a fresh one)
+            wandb.teardown()
+
+
+class _MLflow:
+    """An MLflow run in ``tracking.mlflow_uri`` (default: a file store ``mlruns/`` in the run directory),
+    in the experiment ``tracking.project``, tagged ``group``; params: the flattened config."""
+
+    def __init__(self, run: RunFiles, config: Config, entry: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+        from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
+
+        tracking = config.tracking
+        self.client = MlflowClient(tracking_uri=tracking.mlflow_uri or run.mlruns.resolve().as_uri())
+        if "run_id" in entry:
+            try:
+                self.client.update_run(entry["run_id"], status="RUNNING")
+                self.run_id = entry["run_id"]
+                return
+            except MlflowException:  # gone from the store: a new run from here on
+                entry.clear()
+                entry[LAST] = 0
+        found = self.client.get_experiment_by_name(tracking.project)  # an earlier run's (a shared store)
+        experiment = found.experiment_id if found else self.client.create_experiment(tracking.project)
+        tags = {"group": tracking.group} if tracking.group else None
+        self.run_id = self.client.create_run(experiment, run_name=run.path.name, tags=tags).info.run_id
+        entry["run_id"] = self.run_id
+        params = [
+            Param(key, value if isinstance(value, str) else json.dumps(value))
+            for key, value in _flatten(config.to_dict()).items()
+        ]
+        for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=params[start : start + MAX_PARAMS_TAGS_PER_BATCH])
+
+    def _metrics(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        self._metrics(_step_values(record), step)
+
+    def close(self, summary: dict[str, float], step: int, failed: bool) -> None:
+        if summary:
+            self._metrics(summary, step)
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+
+
+OPENERS: dict[str, type[_Csv | _TensorBoard | _Wandb | _MLflow]] = {
+    "csv": _Csv,
+    "tensorboard": _TensorBoard,
+    "wandb": _Wandb,
+    "mlflow": _MLflow,
+}
+
+
+def _environment(run: RunFiles) -> dict[str, str]:
+    """The tracker libraries' environment defaults: quiet, no telemetry, caches in the run directory."""
+    return {
+        "WANDB_SILENT": "true",
+        "WANDB_ERROR_REPORTING": "false",
+        "WANDB_CACHE_DIR": str(run.wandb.resolve() / "cache"),
+        "WANDB_DATA_DIR": str(run.wandb.resolve() / "data"),
+        "WANDB_ARTIFACT_DIR": str(run.wandb.resolve() / "artifacts"),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_ALLOW_FILE_STORE": "true",  # MLflow 3 refuses a file store without it
+    }
+
+
+@contextlib.contextmanager
+def _environ_defaults(values: dict[str, str]) -> Iterator[None]:
+    """Set the variables of ``values`` that the environment lacks, for the block."""
+    added = [key for key in values if key not in os.environ]
+    os.environ.update({key: values[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _read_state(path: Path) -> dict[str, dict[str, Any]]:
+    data = read_json(path, "tracker state file")
+    fine = isinstance(data, dict) and all(
+        isinstance(entry, dict)
+        and type(entry.get(LAST)) is int
+        and entry[LAST] >= 0
+        and all(isinstance(v, str) for k, v in entry.items() if k != LAST)
+        for entry in data.values()
+    )
+    if not fine:
+        raise UserError(
+            f"{path} is not a fedpcd tracker state file (logger -> run id and {LAST}); delete it to log to "
+            "new tracker runs"
+        )
+    return data
+
+
+class Trackers:
+    """The open loggers of one run; a context manager. With no loggers configured it does nothing and
+    imports nothing.
+
+    ``resume``: continue the tracker runs named in the run directory's trackers.json (a resumed run);
+    otherwise new tracker runs start."""
+
+    def __init__(self, config: Config, run_dir: str | Path, resume: bool = False) -> None:
+        self._loggers: dict[str, _Logger] = {}
+        self._stack = contextlib.ExitStack()
+        self._summary: dict[str, float] = {}
+        self._failed = False
+        self._closed = False
+        self._run = RunFiles(run_dir)
+        self._state: dict[str, dict[str, Any]] = {}
+        if not config.tracking.loggers:
+            return
+        check_trackers(config)
+        if resume and self._run.trackers.exists():
+            self._state = _read_state(self._run.trackers)
+        self._stack.enter_context(_environ_defaults(_environment(self._run)))
+        try:
+            for name in config.tracking.loggers:
+                entry = self._state.setdefault(name, {LAST: 0})
+                self._loggers[name] = OPENERS[name](self._run, config, entry)
+                self._stack.callback(self._close_one, self._loggers[name], entry)
+            self._save()
+        except BaseException:
+            self._close(None, failed=True)
+            raise
+
+    def _save(self) -> None:
+        atomic_write_text(self._run.trackers, json.dumps(self._state, indent=1, sort_keys=True) + "\n")
+
+    def _close_one(self, logger: _Logger, entry: dict[str, Any]) -> None:
+        logger.close(self._summary, entry[LAST], self._failed)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Mirror one metrics.jsonl record to every logger that has not logged its round yet."""
+        step = record["round"]
+        todo = [name for name in self._loggers if step > self._state[name][LAST]]
+        for name in todo:
+            self._loggers[name].log(step, record)
+            self._state[name][LAST] = step
+        if todo:
+            self._save()
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        """Close every logger (once), after logging the summary's numbers (``summary.<key>``)."""
+        self._close(summary, failed=False)
+
+    def _close(self, summary: dict[str, Any] | None, failed: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._summary = {f"summary.{k}": v for k, v in scalars(summary or {}).items()}
+        self._failed = failed
+        self._stack.close()  # every logger, last opened first, even if one fails; then the environment
+
+    def __enter__(self) -> Trackers:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._close(None, failed=kind is not None)
+
+
+def open_trackers(config: Config, run_dir: Path, resume: bool = False) -> Trackers:
+    """The configured loggers of ``config.tracking`` opened for the (existing) run directory ``run_dir``; a
+    UserError naming the extra to install if one's package is missing. ``resume``: continue the tracker runs
+    of an interrupted run (logging only rounds after the last each logged)."""
+    return Trackers(config, run_dir, resume)
