@@ -180,7 +180,8 @@ def stratified_subset(labels: np.ndarray, fraction: float, seed: int) -> np.ndar
 
 @DATASETS.register("fmnist")
 def load_fmnist(root: Path | None, download: bool) -> Dataset:
-    """Fashion-MNIST: 60000/10000 1x28x28 grayscale images, 10 classes."""
+    """Fashion-MNIST (Xiao et al., arXiv:1708.07747, 2017): 60000/10000 1x28x28 grayscale images,
+    10 classes."""
     folder = find_or_download(
         "fmnist",
         root,
@@ -197,7 +198,7 @@ def load_fmnist(root: Path | None, download: bool) -> Dataset:
 
 @DATASETS.register("mnist")
 def load_mnist(root: Path | None, download: bool) -> Dataset:
-    """MNIST: 60000/10000 1x28x28 grayscale digits, 10 classes."""
+    """MNIST (LeCun et al., Proc. IEEE 1998): 60000/10000 1x28x28 grayscale digits, 10 classes."""
     folder = find_or_download(
         "mnist",
         root,
@@ -214,7 +215,8 @@ def load_mnist(root: Path | None, download: bool) -> Dataset:
 
 @DATASETS.register("cifar10")
 def load_cifar10(root: Path | None, download: bool) -> Dataset:
-    """CIFAR-10: 50000/10000 3x32x32 colour images, 10 classes (augmented at train time)."""
+    """CIFAR-10 (Krizhevsky, tech. report 2009): 50000/10000 3x32x32 colour images, 10 classes (augmented
+    at train time)."""
     files = (*CIFAR10_TRAIN, "test_batch")
     folder = find_or_download(
         "cifar10",
@@ -233,7 +235,8 @@ def load_cifar10(root: Path | None, download: bool) -> Dataset:
 
 @DATASETS.register("cifar100")
 def load_cifar100(root: Path | None, download: bool) -> Dataset:
-    """CIFAR-100: 50000/10000 3x32x32 colour images, 100 fine classes (augmented at train time)."""
+    """CIFAR-100 (Krizhevsky, tech. report 2009): 50000/10000 3x32x32 colour images, 100 fine classes
+    (augmented at train time)."""
     folder = find_or_download(
         "cifar100",
         root,
@@ -251,7 +254,8 @@ def load_cifar100(root: Path | None, download: bool) -> Dataset:
 
 @DATASETS.register("svhn")
 def load_svhn(root: Path | None, download: bool) -> Dataset:
-    """SVHN (cropped digits): 73257/26032 3x32x32 colour images, 10 classes, label 10 mapped to 0."""
+    """SVHN, cropped digits (Netzer et al., NIPS Workshop 2011): 73257/26032 3x32x32 colour images,
+    10 classes, label 10 mapped to 0."""
     folder = find_or_download(
         "svhn",
         root,
@@ -283,7 +287,8 @@ def load_svhn(root: Path | None, download: bool) -> Dataset:
 
 @DATASETS.register("digits")
 def load_digits(root: Path | None = None, download: bool = True) -> Dataset:
-    """scikit-learn's 8x8 digits (1797 images, 10 classes), split 80/20 stratified with a fixed seed."""
+    """scikit-learn's 8x8 digits (UCI optical digits, Alpaydin and Kaynak 1998): 1797 images, 10 classes,
+    split 80/20 stratified with a fixed seed."""
     from sklearn.datasets import load_digits as sk_load_digits
 
     bunch = sk_load_digits()

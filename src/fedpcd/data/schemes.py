@@ -48,7 +48,8 @@ def dirichlet(
     cap_fair_share: bool = False,
     max_retries: Annotated[int, Field(ge=0)] = 1000,
 ) -> list[np.ndarray]:
-    """Dirichlet label skew (the recipe of the FedGELA, FedSC and FedNH papers; FedGELA App. C.2).
+    """Dirichlet label skew (Hsu et al., arXiv:1909.06335, 2019; the recipe of the FedGELA, FedSC and FedNH
+    papers, FedGELA App. C.2).
 
     For each class c: q ~ Dir(beta * 1_K), shuffle the indices of c and cut them at floor(cumsum(q) * n_c).
     The whole draw is repeated until every client holds >= ``min_size`` samples (MOON's loop; at most
@@ -123,7 +124,8 @@ def pathological(
     classes_per_client: Annotated[int, Field(ge=1)] = 2,
     legacy_duplicate: bool = False,
 ) -> list[np.ndarray]:
-    """Pathological "PxCy" (FedMR App. C.1.2; ``partition_class`` of the FedMR and FedGELA official code).
+    """Pathological "PxCy" (FedMR, Fan et al., TMLR 2023, App. C.1.2; ``partition_class`` of the FedMR and
+    FedGELA official code).
 
     Class assignment: a counter runs over classes 0..C-1; for client i = 0..K-1 and each of its
     ``classes_per_client`` slots, take the next class in order while the counter is < C, otherwise a uniformly
@@ -288,7 +290,8 @@ def fedssa(
     classes_per_client: Annotated[int, Field(ge=1)] = 2,
     rule: Literal["distinct", "official"] = "distinct",
 ) -> list[np.ndarray]:
-    """FedSSA's "k of S classes per client" (Sec. 6.1, pFedHN style; steps 1-3 as in its official code).
+    """FedSSA's "k of S classes per client" (Yi et al., IJCAI 2024, Sec. 6.1, pFedHN style; steps 1-3 as in
+    its official code).
 
     1. m = ceil(k*K/S) proportion slots per class: u_1..u_m ~ U(0.4, 0.6), p_c = u / sum(u); counter r_c = m.
     2. For client i = 0..K-1, k times: pick c uniformly among the classes with the largest r_c that the client
@@ -375,7 +378,8 @@ def nid2(
     *,
     biased_clients: Annotated[int, Field(ge=1)] = 5,
 ) -> list[np.ndarray]:
-    """``biased_clients`` clients with C/biased_clients classes each plus one client holding every class.
+    """FedSC's NID2 (Wang et al., KDD 2025, Sec. 5.1): ``biased_clients`` clients with C/biased_clients
+    classes each plus one client holding every class.
 
     With S = biased_clients + 1 (= the number of clients): each class's indices are shuffled and cut into S
     shards of floor(n_c / S) samples (the remainder is dropped). Biased client i gets shards 0..S-2 of its
