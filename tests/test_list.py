@@ -98,7 +98,9 @@ def test_model_dataset_and_scheme(capsys):
     assert rows["then"][0] == "mapping" and rows["then"][1].startswith("{scheme: dirichlet, beta: 0.2, ")
     assert main(["list", "fmnist"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("dataset fmnist (fedpcd.data.datasets.load_fmnist)\npaper: -\n")
+    assert out.startswith(
+        "dataset fmnist (fedpcd.data.datasets.load_fmnist)\npaper: Xiao et al., arXiv:1708.07747, 2017\n"
+    )
 
 
 def test_unknown_name_is_one_line_with_the_choices(capsys):
