@@ -22,6 +22,7 @@ from fedpcd.errors import UserError
 from fedpcd.report import Run
 from fedpcd.report.grid import build_grid, partition_name
 from fedpcd.report.paper import (
+    cells_csv,
     communication_table,
     difference_table,
     legend,
@@ -133,6 +134,40 @@ def test_mean_ranks_and_ranking_by_hand():
     ]
     assert table.splitlines()[2].startswith("| fedavg |")  # best mean GA rank first
     assert ranking_table(build_grid(_runs()[:4]), last=2) is None  # one setting: nothing to rank over
+
+
+def test_mean_ranks_leave_out_missing_cells_and_share_tied_ranks():
+    fedavg, fedprox, fedper = {"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}, {"name": "fedper"}
+    runs = [
+        _run(fedavg, PATHOLOGICAL, 0, [0.5], [0.6]),
+        _run(fedprox, PATHOLOGICAL, 0, [0.5], [0.6]),
+        _run(fedper, PATHOLOGICAL, 0, [None], [0.9]),  # no global model: no GA, no GA rank
+        _run(fedavg, DIRICHLET, 0, [0.3], [0.4]),  # fedprox has no Dir(0.1) run
+        _run(fedper, DIRICHLET, 0, [None], [0.2]),
+    ]
+    grid = build_grid(runs)
+    assert (grid.methods, grid.settings) == (["fedavg", "fedper", "fedprox mu=0.1"], ["Dir(0.1)", "P10C2"])
+    assert mean_ranks(grid, "global_acc", "last", 1) == {"fedavg": [1.0, 1.5], "fedprox mu=0.1": [1.5]}
+    # PA-split: Dir(0.1) fedavg 0.4 > fedper 0.2; P10C2 fedper 0.9, then fedavg and fedprox tied (ranks 2, 3)
+    ranks = mean_ranks(grid, "personal_acc", "last", 1)
+    assert ranks == {"fedavg": [1.0, 2.5], "fedper": [2.0, 1.0], "fedprox mu=0.1": [2.5]}
+
+
+def test_cells_csv_by_hand():
+    grid = build_grid(_runs())
+    rows = list(csv.DictReader(cells_csv(grid, last=2).splitlines()))
+    assert [(r["method"], r["setting"], r["seeds"]) for r in rows] == [
+        ("fedavg", "P10C2", "2"),
+        ("fedavg", "Dir(0.1) K=100", "1"),
+        ("fedprox mu=0.1", "P10C2", "2"),
+        ("fedprox mu=0.1", "Dir(0.1) K=100", "1"),
+    ]
+    fedprox_p10c2 = [statistics.fmean([0.7, 0.7]), statistics.fmean([0.2, 0.3])]
+    assert rows[2]["global_acc_last_mean"] == f"{statistics.fmean(fedprox_p10c2):.6f}"
+    assert rows[2]["global_acc_last_std"] == f"{statistics.stdev(fedprox_p10c2):.6f}"
+    assert (rows[2]["global_acc_best_mean"], rows[2]["global_acc_best_std"]) == ("0.500000", "0.282843")
+    assert (rows[1]["global_acc_last_mean"], rows[1]["global_acc_last_std"]) == ("0.500000", "")  # one seed
+    assert (rows[0]["pa_l_last_mean"], rows[0]["pa_l_last_std"]) == ("", "")  # not recorded by these runs
 
 
 def test_separation_is_a_t_like_rule_over_paired_seeds():

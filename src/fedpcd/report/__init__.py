@@ -412,6 +412,7 @@ def report_table(
 
 def plot_curves(runs: list[Run], path: str | Path) -> None:
     """GA and PA-split over rounds, mean over seeds, one line per setting."""
+    import pandas as pd
     from matplotlib.figure import Figure
 
     from fedpcd.utils import atomic_write
@@ -421,15 +422,12 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
     axes = fig.subplots(1, 2)
     for key, members in groups.items():
         label = ", ".join(setting_columns(varying, key).values()) or "run"
+        records = pd.DataFrame.from_records([r for run in members for r in run.records])
         for ax, metric in zip(axes, HEADLINE, strict=False):
-            by_round: dict[int, list[float]] = {}
-            for run in members:
-                for r in run.records:
-                    if r.get(metric.key) is not None:
-                        by_round.setdefault(r["round"], []).append(r[metric.key])
-            rounds = sorted(by_round)
-            if rounds:  # a method without this metric (no global model: no GA) gets no line and no entry
-                ax.plot(rounds, [100 * statistics.fmean(by_round[t]) for t in rounds], label=label)
+            values = records.reindex(columns=["round", metric.key]).dropna()
+            means = values.groupby("round")[metric.key].agg(statistics.fmean)  # over the seeds, by round
+            if len(means):  # a method without this metric (no global model: no GA) gets no line and no entry
+                ax.plot(means.index, 100 * means, label=label)
             ax.set_title(metric.label)
             ax.set_xlabel("round")
             ax.set_ylabel("accuracy (%)")

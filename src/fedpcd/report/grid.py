@@ -10,12 +10,16 @@ the same method and setting form one cell. A run's value of a metric is either t
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedpcd.report import Run, _flatten, group_runs, last_mean, setting_columns
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 METHOD_SECTION = "algorithm"
 PROTOCOLS = ("last", "best")
@@ -138,3 +142,14 @@ def cell_values(grid: Grid, metric: str, protocol: str, last: int) -> dict[tuple
         if values:
             out[key] = values
     return out
+
+
+def cell_means(grid: Grid, metric: str, protocol: str, last: int) -> pd.DataFrame:
+    """Methods x settings in the grid's order: the mean over seeds of each cell's ``cell_values`` (NaN: no
+    value), with ``statistics.fmean`` (exactly rounded: the mean the tables print)."""
+    import pandas as pd
+
+    means = [(m, s, statistics.fmean(v)) for (m, s), v in cell_values(grid, metric, protocol, last).items()]
+    frame = pd.DataFrame(means, columns=["method", "setting", "mean"])
+    table = frame.pivot(index="method", columns="setting", values="mean")
+    return table.reindex(index=grid.methods, columns=grid.settings).astype(float)

@@ -14,13 +14,11 @@ text generated from the runs, a CSV of every cell, and the document's sections, 
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fedpcd.report import (
     Run,
@@ -31,9 +29,12 @@ from fedpcd.report import (
     swing,
 )
 from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
-from fedpcd.report.grid import PROTOCOLS, Grid, cell_values, run_value
+from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, run_value
 from fedpcd.run_format import GA, HEADLINE, REPORTED
 from fedpcd.utils import atomic_write_text
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ARROWS = {1: "↑", -1: "↓"}
 
@@ -97,10 +98,8 @@ def pivot_table(grid: Grid, metric: str, protocol: str, last: int, reference: st
     values = cell_values(grid, metric, protocol, last)
     diffs = paired_differences(grid, metric, protocol, last, reference)
     most = max((len(v) for v in values.values()), default=0)
-    best = {
-        s: max((statistics.fmean(v) for (m, s2), v in values.items() if s2 == s), default=None)
-        for s in grid.settings
-    }
+    means = cell_means(grid, metric, protocol, last)
+    best = means.max()  # per setting
     lines = [
         "| method | " + " | ".join(grid.settings) + " |",
         "|---|" + "---|" * len(grid.settings),
@@ -110,7 +109,7 @@ def pivot_table(grid: Grid, metric: str, protocol: str, last: int, reference: st
         for setting in grid.settings:
             vals = values.get((method, setting))
             text = seeds_cell(vals or [], most)
-            if vals and statistics.fmean(vals) == best[setting]:
+            if means.at[method, setting] == best[setting]:  # NaN (no value) equals nothing
                 text = f"**{text}**"
             arrow = ARROWS.get(separation(diffs.get((method, setting), [])))
             cells.append(f"{text} {arrow}" if arrow else text)
@@ -155,15 +154,8 @@ def separated_settings(
 def mean_ranks(grid: Grid, metric: str, protocol: str, last: int) -> dict[str, list[float]]:
     """Per method, its rank in each setting where it has a value (1 = the best mean over seeds; ties share
     the mean of their ranks)."""
-    values = cell_values(grid, metric, protocol, last)
-    ranks: dict[str, list[float]] = {}
-    for setting in grid.settings:
-        means = {m: statistics.fmean(v) for (m, s), v in values.items() if s == setting}
-        for method, mean in means.items():
-            above = sum(other > mean for other in means.values())
-            ties = sum(other == mean for other in means.values())
-            ranks.setdefault(method, []).append(above + (ties + 1) / 2)
-    return ranks
+    ranks = cell_means(grid, metric, protocol, last).rank(ascending=False)  # each setting on its own
+    return {method: row.dropna().tolist() for method, row in ranks.iterrows() if row.notna().any()}
 
 
 def _separated_text(sides: dict[int, list[str]] | None) -> str:
@@ -239,29 +231,37 @@ def communication_table(grid: Grid, reference: str = "fedavg") -> str | None:
 
 def cells_csv(grid: Grid, last: int) -> str:
     """CSV, one row per method and setting: seeds, then mean and std of every metric under both protocols."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    header = ["method", "setting", "seeds"]
-    for metric in REPORTED:
-        for protocol in PROTOCOLS:
-            header += [f"{metric.key}_{protocol}_mean", f"{metric.key}_{protocol}_std"]
-    writer.writerow(header)
-    tables = {(m.key, p): cell_values(grid, m.key, p, last) for m in REPORTED for p in PROTOCOLS}
-    for method in grid.methods:
-        for setting in grid.settings:
-            members = grid.runs(method, setting)
-            if not members:
-                continue
-            row: list[Any] = [method, setting, len(members)]
-            for metric in REPORTED:
-                for protocol in PROTOCOLS:
-                    vals = tables[(metric.key, protocol)].get((method, setting), [])
-                    row += [
-                        f"{statistics.fmean(vals):.6f}" if vals else "",
-                        f"{statistics.stdev(vals):.6f}" if len(vals) > 1 else "",
-                    ]
-            writer.writerow(row)
-    return buffer.getvalue()
+    import pandas as pd
+
+    per_run = pd.DataFrame(
+        {
+            "method": method,
+            "setting": setting,
+            **{f"{m.key}_{p}": run_value(run, m.key, p, last) for m in REPORTED for p in PROTOCOLS},
+        }
+        for method in grid.methods
+        for setting in grid.settings
+        for run in grid.runs(method, setting)
+    )
+    values = per_run.columns[2:]
+    per_run[values] = per_run[values].astype(float)  # a metric no run has: NaN, not None
+    cells = per_run.groupby(["method", "setting"], sort=False).agg(
+        seeds=("method", "size"),
+        **{f"{c}_{stat}": (c, how) for c in values for stat, how in (("mean", _mean), ("std", _std))},
+    )
+    return cells.to_csv(float_format="%.6f", lineterminator="\n")
+
+
+def _mean(values: pd.Series) -> float:
+    """``statistics.fmean`` of the values there are (NaN: none), as ``mean_std`` prints them."""
+    present = values.dropna().tolist()
+    return statistics.fmean(present) if present else math.nan
+
+
+def _std(values: pd.Series) -> float:
+    """``statistics.stdev`` of the values there are (NaN: fewer than two), as ``mean_std`` prints them."""
+    present = values.dropna().tolist()
+    return statistics.stdev(present) if len(present) > 1 else math.nan
 
 
 def seeds_phrase(grid: Grid) -> str:
