@@ -341,6 +341,15 @@ def test_fedrod_personal_head_is_private_zero_initialised_and_added_to_generic_l
         torch.testing.assert_close(gm(x), model.head(model.features(x)))
 
 
+def test_fedrod_personal_head_has_a_bias_where_the_generic_head_has_none(tmp_path):
+    """FedNH's conv2cifar has a bias-free head: FedRoD's personal head h_p keeps its own (zero) bias."""
+    out = tmp_path / "run"
+    args = ["dataset.name=synthetic16", "model.name=conv2cifar", "clients=3", "rounds=1", f"output_dir={out}"]
+    run_experiment(load_config(None, ["algorithm.name=fedrod", *args]), progress=False)
+    state = torch.load(out / "checkpoint" / "state.pt", weights_only=False)["client_states"][0]
+    assert state["bias"].shape == (10,) and state["weight"].shape[0] == 10
+
+
 # ----- end to end -----
 
 

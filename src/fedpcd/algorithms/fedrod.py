@@ -38,11 +38,9 @@ class FedRoD(FedAvg):
         """Shared model from the payload, a trainable copy of the personal head h_p from the state (zeros at
         first; ``work.personal_head``) and the log class prior of BSM (``work.log_prior``)."""
         super().begin_local(model, data, work)
-        if work.state is None:
-            work.state = {
-                "weight": torch.zeros_like(model.head.weight.detach()),
-                "bias": torch.zeros_like(model.head.bias.detach()),
-            }
+        if work.state is None:  # h_p has a bias even where the generic head has none (FedNH's conv2cifar)
+            weight = model.head.weight.detach()
+            work.state = {"weight": torch.zeros_like(weight), "bias": weight.new_zeros(weight.shape[0])}
         work.personal_head = {k: v.detach().clone().requires_grad_(True) for k, v in work.state.items()}
         work.log_prior = log_prior(data.label_counts)
 
