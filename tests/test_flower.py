@@ -91,7 +91,7 @@ def stateful_probe():
     name = "_flower_test_stateful"
     ALGORITHMS.register(name)(StatefulProbe)
     yield name
-    ALGORITHMS._items.pop(name, None)
+    ALGORITHMS.unregister(name)
 
 
 @pytest.fixture
