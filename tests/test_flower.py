@@ -45,7 +45,7 @@ from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import procs, records  # noqa: E402
 from fedpcd.flower.client_app import app as client_app  # noqa: E402
 from fedpcd.flower.discovery import discover, federation_size, fit_to_federation  # noqa: E402
-from fedpcd.flower.protocol import STATE, raise_for_error, tag_user_error  # noqa: E402
+from fedpcd.flower.protocol import GET_STATE, STATE, TASK, raise_for_error, tag_user_error  # noqa: E402
 from fedpcd.flower.server_app import config_from_run_config, serve  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -223,6 +223,42 @@ def test_a_flower_run_killed_after_round_2_resumes_on_flower_to_the_uninterrupte
     fresh = InProcessGrid(_nodes(4), seed=1)  # new SuperNodes: nothing in their context.state
     serve(fresh, flower, node_timeout=5, resume=True)
     _assert_same_run(tmp_path / "local", tmp_path / "fl")
+
+
+class DeafGrid(InProcessGrid):
+    """An InProcessGrid on which client 0's node does not answer the ``deaf_at``-th state query."""
+
+    def __init__(self, node_configs: list[dict], deaf_at: int) -> None:
+        super().__init__(node_configs)
+        self.deaf_at, self.asked = deaf_at, 0
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        if any(m.content[TASK].get("action") == GET_STATE for m in messages):
+            self.asked += 1
+            if self.asked == self.deaf_at:
+                for m in messages:
+                    if self.contexts[m.metadata.dst_node_id].node_config["partition-id"] == 0:
+                        self.replies.pop(m.metadata.message_id)
+        return ids
+
+
+def test_a_checkpoint_without_every_client_state_is_skipped_with_a_warning(
+    tmp_path, stateful_probe, capsys, task_identity
+):
+    """A node that does not answer the state query of round 2: that checkpoint is skipped (one warning
+    naming the client), the run goes on to the local backend's numbers and the last checkpoint is complete."""
+    args = SMALL + ["clients=3", "rounds=3", "seed=6", f"algorithm.name={stateful_probe}"]
+    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
+    capsys.readouterr()
+    serve(DeafGrid(_nodes(3), deaf_at=2), flower, node_timeout=5, round_timeout=1)
+    err = capsys.readouterr().err
+    assert "round 2: no checkpoint (client state (get-state): no reply from client(s) 0 within" in err
+    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    ckpt = torch.load(tmp_path / "fl" / "checkpoint" / "state.pt", weights_only=False)
+    assert ckpt["round"] == 3 and sorted(ckpt["client_states"]) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("side", ["client", "server"])

@@ -24,7 +24,19 @@ from fedpcd.engine.privacy import clip_update
 from fedpcd.engine.state_store import ClientStateStore, state_store_for
 from fedpcd.errors import UserError
 
-__all__ = ["ClientResult", "Executor", "LocalExecutor", "train_clients", "train_sequential"]
+__all__ = [
+    "ClientResult",
+    "Executor",
+    "LocalExecutor",
+    "StatesUnavailable",
+    "train_clients",
+    "train_sequential",
+]
+
+
+class StatesUnavailable(RuntimeError):
+    """The clients' states could not all be collected (e.g. a Flower node did not answer): the round loop
+    skips that checkpoint with a warning and keeps the previous one."""
 
 
 class Executor(Protocol):
@@ -39,7 +51,8 @@ class Executor(Protocol):
         ...
 
     def states(self) -> Mapping[int, Any]:
-        """Every client's current personal state (what a checkpoint stores)."""
+        """Every client's current personal state (what a checkpoint stores); :class:`StatesUnavailable`
+        when they cannot all be had."""
         ...
 
     def restore(self, states: Mapping[int, Any]) -> None:

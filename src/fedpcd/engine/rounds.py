@@ -23,9 +23,9 @@ from fedpcd.algorithms import FedAvg
 from fedpcd.config import Config
 from fedpcd.data.stats import partition_json
 from fedpcd.engine.checkpoint import check_checkpoint, checkpoint_records, checkpoint_state, restore_rng
-from fedpcd.engine.executor import Executor
+from fedpcd.engine.executor import Executor, StatesUnavailable
 from fedpcd.engine.federation import Federation, global_evaluation, resolve_device, sample_clients
-from fedpcd.engine.guard import check_server, screen_replies
+from fedpcd.engine.guard import check_server, screen_replies, warn
 from fedpcd.engine.metrics import accuracy, predict
 from fedpcd.engine.privacy import add_noise, clip_update
 from fedpcd.engine.records import round_record, summary_of
@@ -201,8 +201,12 @@ def run_rounds(
                     on_record(record)
             every = config.engine.checkpoint_every
             if every and (rnd % every == 0 or rnd == config.rounds):
-                state = checkpoint_state(rnd, server, executor.states(), wall, records, config)
-                run_dir.save_checkpoint(state)
+                try:
+                    states = executor.states()
+                except StatesUnavailable as exc:
+                    warn(f"round {rnd}: no checkpoint ({exc}); a resume starts from the previous one")
+                    continue
+                run_dir.save_checkpoint(checkpoint_state(rnd, server, states, wall, records, config))
         summary = summary_of(records, wall, config.rounds)
         run_dir.write_summary(summary)
         trackers.close(summary)

@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 from fedpcd.algorithms import FedAvg
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.engine.client_result import ClientResult
+from fedpcd.engine.executor import StatesUnavailable
 from fedpcd.engine.federation import to_device
 from fedpcd.errors import UserError
 from fedpcd.flower import records
@@ -101,9 +102,16 @@ class GridExecutor:
             messages.append(Message(content, message_type=MessageType.QUERY, dst_node_id=node))
         replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
         for msg in replies:
-            raise_for_error(msg, f"client state ({action})")
+            try:
+                raise_for_error(msg, f"client state ({action})")
+            except RuntimeError as exc:
+                raise StatesUnavailable(str(exc)) from None
         if len(replies) < len(messages):
-            raise RuntimeError(f"client state ({action}): not every SuperNode replied in time")
+            missing = sorted(set(self.nodes) - {self.client_of.get(m.metadata.src_node_id) for m in replies})
+            raise StatesUnavailable(
+                f"client state ({action}): no reply from client(s) {', '.join(map(str, missing))} within "
+                f"{self.round_timeout:g} s"
+            )
         return replies
 
     def states(self) -> dict[int, Any]:
