@@ -261,6 +261,37 @@ def test_a_checkpoint_without_every_client_state_is_skipped_with_a_warning(
     assert ckpt["round"] == 3 and sorted(ckpt["client_states"]) == [0, 1, 2]
 
 
+class StateQueryLog(InProcessGrid):
+    """An InProcessGrid that records, per state query, which clients it asked."""
+
+    def __init__(self, node_configs: list[dict]) -> None:
+        super().__init__(node_configs)
+        self.asked: list[list[int]] = []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if any(m.content[TASK].get("action") == GET_STATE for m in messages):
+            self.asked.append(sorted(int(m.content[TASK]["client-id"]) for m in messages))
+        return super().push_messages(messages)
+
+
+def test_a_checkpoint_fetches_only_the_states_of_the_clients_trained_since_the_last(
+    tmp_path, stateful_probe, task_identity
+):
+    """Each round's checkpoint asks the round's participants only; the others' states are unchanged, and
+    the checkpoints equal the local backend's."""
+    args = SMALL + ["clients=4", "rounds=3", "participation=0.5", "seed=7"]
+    args += [f"algorithm.name={stateful_probe}"]
+    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    grid = StateQueryLog(_nodes(4))
+    serve(grid, load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"]), node_timeout=5)
+    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert grid.asked == [r["clients"] for r in run_records(tmp_path / "fl")]
+    want = torch.load(tmp_path / "local" / "checkpoint" / "state.pt", weights_only=False)["client_states"]
+    got = torch.load(tmp_path / "fl" / "checkpoint" / "state.pt", weights_only=False)["client_states"]
+    assert sorted(got) == sorted(want) and all(got[k]["calls"] == want[k]["calls"] for k in want)
+
+
 @pytest.mark.parametrize("side", ["client", "server"])
 def test_differential_privacy_gives_the_local_numbers_through_flower(tmp_path, side, task_identity):
     """Clipping in the ClientApp (or the ServerApp) and the seeded noise: the local backend's numbers."""

@@ -6,10 +6,11 @@ the round timeout, and decodes the replies into ``ClientResult`` objects in clie
 are not associative: arrival order would change the bits). A ClientApp that raised, or did not reply in
 time, gives a result with ``error`` set; the round loop leaves it out.
 
-Client states live on the nodes (``context.state``). ``states`` asks every node for its state (a QUERY
-``get-state``) so that a checkpoint is complete; ``restore`` sends each node its state back (``set-state``,
-on resume). Only checkpoints of algorithms with client states move them over the wire: with
-``engine.checkpoint_every: 0`` they never leave the nodes.
+Client states live on the nodes (``context.state``). ``states`` asks the nodes trained since the last
+checkpoint for their states (a QUERY ``get-state``; the others' are unchanged) so that a checkpoint is
+complete; ``restore`` sends each node its state back (``set-state``, on resume). Only checkpoints of
+algorithms with client states move them over the wire: with ``engine.checkpoint_every: 0`` they never
+leave the nodes.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class GridExecutor:
         self.round_timeout = round_timeout
         self.client_of = {node: k for k, node in self.nodes.items()}
         self.clients_keep_state = False  # set once a ClientApp reports a state: checkpoints then fetch them
+        self.known: dict[int, Any] = {}  # the clients' states as last fetched (or restored)
+        self.changed: set[int] = set()  # clients trained since: only their states are fetched again
 
     def train(
         self, algorithm: FedAvg, server: dict[str, Any], ids: Sequence[int], rnd: int, evaluate: bool
@@ -91,15 +94,20 @@ class GridExecutor:
             self.clients_keep_state |= bool(msg.content[TASK].get("has-state", False))
             clipped = bool(msg.content[TASK].get("dp-clipped", False))
             got[k] = ClientResult(k, reply, metrics, down[k], tensor_bytes(reply), clipped=clipped)
+            self.changed.add(k)
         timeout = TimeoutError(f"no reply within the round timeout ({self.round_timeout:g} s)")
         return [got.get(k) or ClientResult(k, {}, None, down[k], 0, error=timeout) for k in ids]
 
-    def _ask_all(self, action: str, states: Mapping[int, Any] | None = None) -> list[Message]:
+    def _ask(
+        self, action: str, clients: Sequence[int], states: Mapping[int, Any] | None = None
+    ) -> list[Message]:
+        """One QUERY ``action`` to each of ``clients`` (with its state from ``states``); their replies, or
+        :class:`StatesUnavailable` naming the clients that failed or did not answer in time."""
         messages = []
-        for k, node in sorted(self.nodes.items()):
+        for k in clients:
             content = records.record_dict(**({STATE: states.get(k)} if states is not None else {}))
             content[TASK] = ConfigRecord({"action": action, "client-id": k, "config": self.config_text})
-            messages.append(Message(content, message_type=MessageType.QUERY, dst_node_id=node))
+            messages.append(Message(content, message_type=MessageType.QUERY, dst_node_id=self.nodes[k]))
         replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
         for msg in replies:
             try:
@@ -107,7 +115,7 @@ class GridExecutor:
             except RuntimeError as exc:
                 raise StatesUnavailable(str(exc)) from None
         if len(replies) < len(messages):
-            missing = sorted(set(self.nodes) - {self.client_of.get(m.metadata.src_node_id) for m in replies})
+            missing = sorted(set(clients) - {self.client_of.get(m.metadata.src_node_id) for m in replies})
             raise StatesUnavailable(
                 f"client state ({action}): no reply from client(s) {', '.join(map(str, missing))} within "
                 f"{self.round_timeout:g} s"
@@ -115,17 +123,21 @@ class GridExecutor:
         return replies
 
     def states(self) -> dict[int, Any]:
+        """The clients' states: fetched again only from the clients trained since the last call."""
         if not self.clients_keep_state:
             return {}
-        out = {}
-        for msg in self._ask_all(GET_STATE):
-            state = records.get(msg.content, STATE)
-            if state is not None:
-                out[int(msg.content[TASK]["client-id"])] = to_device(state, self.device)
-        return dict(sorted(out.items()))
+        for msg in self._ask(GET_STATE, sorted(self.changed)):
+            k, state = int(msg.content[TASK]["client-id"]), records.get(msg.content, STATE)
+            if state is None:
+                self.known.pop(k, None)
+            else:
+                self.known[k] = to_device(state, self.device)
+        self.changed.clear()
+        return dict(sorted(self.known.items()))
 
     def restore(self, states: Mapping[int, Any]) -> None:
         """Send the nodes their states (nothing to do for none: a Flower run's nodes start without state)."""
+        self.known, self.changed = dict(states), set()
         if states:
-            self._ask_all(SET_STATE, states)
+            self._ask(SET_STATE, sorted(self.nodes), states)
             self.clients_keep_state = True
