@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from conftest import requires_fmnist
 from dataset_files import make_cifar, make_idx_set, make_svhn, write_idx
+from fedpcd.cli import main
 from fedpcd.data import datasets as dsmod
-from fedpcd.data import files
+from fedpcd.data import files, svhn
 from fedpcd.data.datasets import DATASETS, Dataset, load_dataset, stratified_subset
 from fedpcd.errors import UserError
 from fedpcd.utils import current_umask
@@ -264,6 +265,7 @@ def test_cifar_download_extracts_atomically_into_cache(served, monkeypatch):
     with tarfile.open(www / "cifar-10-python.tar.gz", "w:gz") as tar:
         tar.add(www / "src" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
     monkeypatch.setattr(dsmod, "CIFAR10_URL", url + "cifar-10-python.tar.gz")
+    monkeypatch.setattr(dsmod, "CIFAR10_MD5", files.md5(www / "cifar-10-python.tar.gz"))
     cache = Path(os.environ["XDG_CACHE_HOME"]) / "fedpcd"
     ds = load_dataset("cifar10")  # no root, no $FEDPCD_DATA: downloads into the cache
     np.testing.assert_array_equal(ds.train_x.reshape(20, -1).numpy(), train_x)
@@ -294,6 +296,42 @@ def test_download_with_a_wrong_checksum_is_one_line_and_leaves_nothing(tmp_path,
     assert not (tmp_path / "root").exists()  # no partial file, no temporary file, no empty folder
 
 
+@pytest.mark.parametrize("hundred", [False, True], ids=["cifar10", "cifar100"])
+def test_cifar_archive_not_the_official_one_is_refused(tmp_path, served, monkeypatch, capsys, hundred):
+    name, folder = ("cifar100", "cifar-100-python") if hundred else ("cifar10", "cifar-10-batches-py")
+    www, url = served
+    make_cifar(www / "src", hundred)  # a well-formed archive, but not the official bytes
+    with tarfile.open(www / "c.tar.gz", "w:gz") as tar:
+        tar.add(www / "src" / folder, arcname=folder)
+    monkeypatch.setattr(dsmod, "CIFAR100_URL" if hundred else "CIFAR10_URL", url + "c.tar.gz")
+    official = dsmod.CIFAR100_MD5 if hundred else dsmod.CIFAR10_MD5
+    root = tmp_path / "data"
+    assert main(["partition", f"dataset.name={name}", f"dataset.root={root}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"fedpcd: error: {name} files not found in ")
+    assert f"download failed ({url}c.tar.gz: not the official file (its MD5 is not {official}))" in err
+    assert not root.exists()  # nothing extracted, no archive, no temporary file, no empty folder
+
+
+def test_svhn_download_checks_the_official_md5(tmp_path, served, monkeypatch):
+    www, url = served
+    mats = make_svhn(www, n_train=12, n_test=5)
+    monkeypatch.setattr(dsmod, "SVHN_URL", url)
+    root = tmp_path / "data"
+    with pytest.raises(UserError) as info:  # served files are not the official ones
+        load_dataset("svhn", root=root)
+    msg = str(info.value)
+    official = svhn.SVHN_OFFICIAL["train_32x32.mat"][1]
+    assert msg.startswith("svhn files not found in ") and "\n" not in msg
+    assert f"download failed ({url}train_32x32.mat: not the official file (its MD5 is not {official}))" in msg
+    assert not root.exists()  # no partial file, no temporary file, no empty folder
+    for f, (count, _) in svhn.SVHN_OFFICIAL.items():  # with these files' MD5s the same download lands
+        monkeypatch.setitem(svhn.SVHN_OFFICIAL, f, (count, files.md5(www / f)))
+    ds = load_dataset("svhn", root=root)
+    np.testing.assert_array_equal(ds.test_x.numpy(), mats["test"][0].transpose(3, 2, 0, 1))
+    assert sorted(p.name for p in (root / "svhn").iterdir()) == ["test_32x32.mat", "train_32x32.mat"]
+
+
 @pytest.mark.parametrize(
     "evil",
     [
@@ -308,6 +346,7 @@ def test_archive_with_links_or_paths_leaving_it_is_refused(tmp_path, served, mon
     www, url = served
     _tar(www / "c.tar.gz", {"cifar-10-batches-py/test_batch": b"x", **evil})
     monkeypatch.setattr(dsmod, "CIFAR10_URL", url + "c.tar.gz")
+    monkeypatch.setattr(dsmod, "CIFAR10_MD5", files.md5(www / "c.tar.gz"))
     root = tmp_path / "data"
     with pytest.raises(UserError, match=rf"download failed \(c.tar.gz holds '{list(evil)[0]}', not a plain"):
         load_dataset("cifar10", root=root)

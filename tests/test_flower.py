@@ -12,6 +12,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -302,6 +303,111 @@ def test_differential_privacy_gives_the_local_numbers_through_flower(tmp_path, s
     serve(InProcessGrid(_nodes(3)), flower, node_timeout=5)
     _assert_same_run(tmp_path / "local", tmp_path / "fl")
     assert [r["dp_clipped"] for r in run_records(tmp_path / "fl")] == [3, 3]
+
+
+def _round_one_replies(args: list[str]) -> tuple[list, int]:
+    """Every client's round-1 reply by the local backend (bitwise the ClientApps' ones) and the largest
+    client training set (SecAgg+'s default max_weight)."""
+    from fedpcd.engine.executor import LocalExecutor
+    from fedpcd.engine.federation import build_federation
+
+    fed = build_federation(load_config(None, args))
+    algorithm = fed.new_algorithm()
+    server = algorithm.init_server(fed.model_for(0, fresh=True))
+    results = LocalExecutor(fed).train(algorithm, server, list(range(len(fed.clients))), 1, False)
+    return [r.reply for r in results], max(c.num_samples for c in fed.clients)
+
+
+def _assert_secure_mean(server_model: dict, replies: list, max_weight: int) -> None:
+    """The server's model is the q-weighted mean of the replies' models, q_k = round(n_k / W * Q), within
+    the protocol's error: stochastic rounding moves each client's value by less than one step 2r/Q, so the
+    dequantized sum divided by sum_k q_k / Q is off by less than 2 r N / sum_k q_k; the float32 cast and
+    FedAvg's float32 average of N copies of the mean add at most (2N + 1) ulp-halves (2^-24 relative)."""
+    r, levels, n = 8.0, 2**22, len(replies)
+    q = [round(rep["num_samples"] / max_weight * levels) for rep in replies]
+    assert set(server_model) == set(replies[0]["model"])
+    for key, got in server_model.items():
+        values = [rep["model"][key].double() for rep in replies]
+        assert max(float(v.abs().max()) for v in values) <= r  # inside the clipping range: no clipping error
+        want = sum(qk * v for qk, v in zip(q, values, strict=True)) / sum(q)
+        tol = 2 * r * n / sum(q) + (2 * n + 1) * 2.0**-24 * want.abs()
+        assert bool(((got.double() - want).abs() <= tol).all()), key
+        plain = sum(rep["num_samples"] * v for rep, v in zip(replies, values, strict=True))
+        plain = plain / sum(rep["num_samples"] for rep in replies)
+        assert not torch.equal(got.double(), plain)  # it went through the quantized protocol
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedper"])
+def test_secagg_plus_aggregates_to_the_weighted_mean_of_the_client_models(tmp_path, name, task_identity):
+    """Flower's SecAgg+ (workflow on the server, secaggplus_mod on the nodes): the server's model after a
+    round is the weighted mean of the clients' models within the quantization's bound, and the run repeats
+    bitwise (the stochastic rounding is seeded)."""
+    args = SMALL + ["clients=4", "rounds=1", f"algorithm.name={name}", "engine.checkpoint_every=1"]
+    replies, max_weight = _round_one_replies(args)
+    for run in ("a", "b"):
+        out = [f"output_dir={tmp_path / run}", "backend=flower", "privacy.secagg=true"]
+        cfg = load_config(None, args + out)
+        serve(InProcessGrid(_nodes(4), seed=ord(run)), cfg, node_timeout=5)
+    server = torch.load(tmp_path / "a" / "checkpoint" / "state.pt", weights_only=False)["server"]
+    _assert_secure_mean(server["model"], replies, max_weight)
+    assert run_records(tmp_path / "a") == run_records(tmp_path / "b")
+
+
+def test_secagg_plus_leaves_out_a_client_that_fails_during_the_protocol(tmp_path, monkeypatch, task_identity):
+    """A ClientApp raising in the masked-upload stage drops out: the protocol rebuilds its masks from the
+    others' shares and the mean is the other clients' one; the round records it as left out."""
+    _fail_client(monkeypatch, client=2, rnd=1)
+    args = SMALL + ["clients=4", "rounds=1", "engine.checkpoint_every=1"]
+    replies, max_weight = _round_one_replies(args[:-1])  # the failure is injected in the local run too
+    cfg = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower", "privacy.secagg=true"])
+    serve(InProcessGrid(_nodes(4)), cfg, node_timeout=5)
+    server = torch.load(tmp_path / "fl" / "checkpoint" / "state.pt", weights_only=False)["server"]
+    _assert_secure_mean(server["model"], [r for r in replies if r], max_weight)
+    assert run_records(tmp_path / "fl")[0]["left_out"] == [2]
+
+
+SECAGG_ABLE = [
+    n for n in ALGORITHMS.names() if not n.startswith("_") and ALGORITHMS.get(n).aggregate is FedAvg.aggregate
+]
+
+
+@pytest.mark.parametrize("name", SECAGG_ABLE)
+def test_every_algorithm_secagg_admits_runs_under_it(tmp_path, name, task_identity):
+    """Their replies hold no tensor but the model (else the ClientApp refuses); Local sends no model."""
+    cfg = load_config(
+        None,
+        SMALL
+        + ["clients=3", "rounds=2", f"algorithm.name={name}", f"output_dir={tmp_path}", "backend=flower"]
+        + ["privacy.secagg=true"]
+        + EXTRA.get(name, []),
+    )
+    if name == "local":
+        with pytest.raises(UserError, match="clients send no model to aggregate; turn it off"):
+            serve(InProcessGrid(_nodes(3)), cfg, node_timeout=5)
+        return
+    assert serve(InProcessGrid(_nodes(3)), cfg, node_timeout=5)["rounds"] == 2
+    assert [r["clients"] for r in run_records(tmp_path)] == [[0, 1, 2]] * 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["privacy.secagg=true"], "privacy.secagg runs on the Flower backend (set backend=flower)"),
+        (
+            ["backend=flower", "privacy.secagg=true", "algorithm.name=scaffold"],
+            "aggregates with its own rule. Choose one of: ditto, fedavg",
+        ),
+        (
+            ["backend=flower", "privacy.secagg=true", "privacy.clip=1", "privacy.clipping=server"],
+            "privacy.clipping=server needs every update on the server, which privacy.secagg hides",
+        ),
+        (["backend=flower", "privacy.secagg.modulus_range=1000"], "modulus_range must be a power of 2"),
+    ],
+)
+def test_secagg_plus_refuses_what_it_cannot_hide_in_one_line(args, message):
+    with pytest.raises(UserError, match=re.escape(message)) as err:
+        load_config(None, SMALL + args)
+    assert "\n" not in str(err.value)
 
 
 # the shared small model of FML / FedKD must fit synthetic's 8x8 images

@@ -31,6 +31,25 @@ def test_clip_update_scales_a_long_update_to_the_bound_and_leaves_the_rest():
     assert not was_long and same is reply
 
 
+def test_clipping_and_noise_scale_are_those_of_flowers_fixed_clipping_dp():
+    """The same mechanism as Flower's fixed-clipping DP (``fixedclipping_mod`` and its server wrappers call
+    ``compute_clip_model_update`` and ``compute_stdv``): in float64 the two clipped models agree to the
+    rounding of a norm over n values (n * 2^-53 relative, n < 10^3 here)."""
+    dp = pytest.importorskip("flwr.supercore.differential_privacy")
+    gen = torch.Generator().manual_seed(0)
+    old = {
+        k: torch.randn(shape, generator=gen, dtype=torch.float64) for k, shape in [("w", (7, 5)), ("b", (5,))]
+    }
+    new = {k: v + torch.randn(v.shape, generator=gen, dtype=torch.float64) for k, v in old.items()}
+    for bound in (0.5, 2.0, 100.0):
+        mine, _ = clip_update({"model": new}, {"model": old}, clip=bound)
+        theirs = [v.numpy().copy() for v in new.values()]
+        dp.compute_clip_model_update(theirs, [v.numpy() for v in old.values()], bound)
+        for got, want in zip(mine["model"].values(), theirs, strict=True):
+            assert torch.allclose(got, torch.from_numpy(want), rtol=1e-12, atol=1e-12)
+    assert dp.compute_stdv(0.7, 2.0, 5) == 0.7 * 2.0 / 5  # add_noise's std: sigma * C / m
+
+
 def test_clip_update_of_a_reply_without_a_model_is_one_line():
     with pytest.raises(UserError, match="privacy.clip needs an algorithm whose reply holds the model") as err:
         clip_update({"prototypes": torch.zeros(2)}, {"model": {}}, clip=1.0, algorithm="fedproto")
@@ -67,7 +86,7 @@ def test_a_dp_run_adds_exactly_the_seeded_noise_to_the_aggregate_and_records_its
     for k, v in dp.items():  # the same clipped aggregate, plus the round's noise draw
         assert torch.equal(v, expected[k])
     saved = yaml.safe_load((tmp_path / "dp" / "config.yaml").read_text())["privacy"]
-    assert saved == {"clip": 0.5, "noise_multiplier": 1.5, "clipping": "client"}
+    assert saved == {"clip": 0.5, "noise_multiplier": 1.5, "clipping": "client", "secagg": None}
     (record,) = run_records(tmp_path / "dp")
     assert 0 <= record["dp_clipped"] <= 4
 

@@ -148,19 +148,64 @@ class TrackingConfig(_Strict):
         return value
 
 
+class SecAggConfig(_Strict):
+    """SecAgg+ on the Flower backend (``fedpcd.flower.secagg``; Flower's ``SecAggPlusWorkflow`` parameters).
+
+    ``num_shares``: shares of each client's secret (a float: that fraction of the round's clients);
+    ``reconstruction_threshold``: shares needed to rebuild a secret (a float: that fraction of the shares);
+    ``clipping_range``: model values are clipped to [-r, r] before quantization; ``quantization_range``:
+    levels of the quantization; ``modulus_range``: the masks' modulus (a power of 2, at most 2**32);
+    ``max_weight``: the largest client weight (sample count); null: the largest client's training set."""
+
+    num_shares: float = Field(1.0, gt=0.0)
+    reconstruction_threshold: float = Field(0.5, gt=0.0)
+    clipping_range: float = Field(8.0, gt=0.0, le=1e6)
+    quantization_range: int = Field(2**22, ge=2)
+    modulus_range: int = Field(2**32, ge=4, le=2**32)
+    max_weight: float | None = Field(None, gt=0.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> SecAggConfig:
+        if self.modulus_range & (self.modulus_range - 1):
+            raise ValueError(f"privacy.secagg.modulus_range must be a power of 2, got {self.modulus_range}")
+        if self.quantization_range >= self.modulus_range:
+            raise ValueError("privacy.secagg.quantization_range must be less than modulus_range")
+        for name in ("num_shares", "reconstruction_threshold"):
+            value = getattr(self, name)
+            if value != int(value) and value > 1:
+                raise ValueError(
+                    f"privacy.secagg.{name} is a count (an integer) or a fraction <= 1, got {value}"
+                )
+        return self
+
+
 class PrivacyConfig(_Strict):
     """Differential privacy with fixed clipping on every backend (``fedpcd.engine.privacy``): each client's
     model update clipped to L2 norm ``clip`` (on the ``client`` or the ``server``), Gaussian noise of std
-    ``noise_multiplier * clip / m`` on the aggregate of m updates. ``clip: null`` (default): off."""
+    ``noise_multiplier * clip / m`` on the aggregate of m updates. ``clip: null`` (default): off.
+    ``secagg``: SecAgg+ secure aggregation on the Flower backend (``true`` for the defaults; null: off)."""
 
     clip: float | None = Field(None, gt=0.0, le=1e6)
     noise_multiplier: float = Field(0.0, ge=0.0, le=1e6)
     clipping: Literal["client", "server"] = "client"
+    secagg: SecAggConfig | None = None
+
+    @field_validator("secagg", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # `privacy.secagg=true`: on with the defaults
+            return {} if value else None
+        return value
 
     @model_validator(mode="after")
     def _noise_needs_clip(self) -> PrivacyConfig:
         if self.noise_multiplier > 0 and self.clip is None:
             raise ValueError("privacy.noise_multiplier > 0 needs privacy.clip (the noise is scaled by it)")
+        if self.secagg is not None and self.clip is not None and self.clipping == "server":
+            raise ValueError(
+                "privacy.clipping=server needs every update on the server, which privacy.secagg hides; "
+                "use privacy.clipping=client"
+            )
         return self
 
 
@@ -296,6 +341,31 @@ def _check_min_clients(config: Config) -> None:
         )
 
 
+def _check_secagg(config: Config, algo_cls: type) -> None:
+    """SecAgg+ hides each update: it needs Flower's separate parties and a server that takes only the
+    sample-weighted mean of the client models (FedAvg's ``aggregate``)."""
+    if config.privacy.secagg is None:
+        return
+    if config.backend != "flower":
+        raise UserError(
+            "privacy.secagg runs on the Flower backend (set backend=flower): in the local backend the server "
+            "holds every client's update anyway"
+        )
+    from fedpcd.algorithms import ALGORITHMS, FedAvg
+
+    if algo_cls.aggregate is not FedAvg.aggregate:
+        able = [
+            n
+            for n in ALGORITHMS.names()
+            if not n.startswith("_") and ALGORITHMS.get(n).aggregate is FedAvg.aggregate
+        ]
+        raise UserError(
+            "privacy.secagg needs an algorithm whose server takes only the sample-weighted mean of the "
+            f"client models; {config.algorithm.name!r} aggregates with its own rule. Choose one of: "
+            f"{', '.join(able)}"
+        )
+
+
 def resolve(config: Config) -> Config:
     """Check names and fill the scheme's, model's and algorithm's parameter defaults."""
     from fedpcd.algorithms import ALGORITHMS, algorithm_params
@@ -314,6 +384,7 @@ def resolve(config: Config) -> Config:
         )
     algorithm = algorithm_params(config.algorithm.name, config.algorithm.params())
     _check_min_clients(config)
+    _check_secagg(config, algo_cls)
     data = config.to_dict()
     data["partition"] = {"scheme": config.partition.scheme, **partition}
     data["model"] = {"name": config.model.name, "clients": config.model.clients, **model}
@@ -341,7 +412,10 @@ def run_setting(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict (config.yaml's) without what does not change a run's numbers: ``output_dir``,
     ``tracking``, and ``privacy`` while it is off (runs made before that section existed have none)."""
     data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking")}
-    if data.get("privacy") == PrivacyConfig().model_dump(mode="json"):
+    privacy = data.get("privacy")
+    if isinstance(privacy, dict) and privacy.get("secagg", 0) is None:  # off: as before the key existed
+        data["privacy"] = privacy = {k: v for k, v in privacy.items() if k != "secagg"}
+    if privacy == PrivacyConfig().model_dump(mode="json", exclude={"secagg"}):
         del data["privacy"]
     return data
 

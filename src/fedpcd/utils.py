@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +193,17 @@ def read_json(path: str | Path, what: str = "file", max_depth: int = MAX_JSON_DE
     """The JSON data in a user's file; one line naming ``what`` and the path for a missing, unreadable,
     non-UTF-8 or invalid file (see :func:`parse_json`)."""
     return parse_json(read_user_text(path, what), f"{what} {show_path(path)}", max_depth)
+
+
+@contextlib.contextmanager
+def quiet(logger: logging.Logger) -> Iterator[None]:
+    """``logger`` at WARNING for the block (a library's INFO chatter off)."""
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def derive_seed(*parts: int) -> int:

@@ -25,8 +25,11 @@ except ImportError:  # pragma: no cover - numpy 1.x
 from fedpcd.data.files import verify_md5
 from fedpcd.errors import UserError, clip
 
+# The official archives and their MD5s, checked while downloading
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+CIFAR100_MD5 = "eb9058c3a382ffc7106e4002c42a8d85"
 CIFAR10_DIR = "cifar-10-batches-py"
 CIFAR100_DIR = "cifar-100-python"
 CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))

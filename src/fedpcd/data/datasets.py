@@ -17,9 +17,11 @@ import torch
 
 from fedpcd.data.cifar import (
     CIFAR10_DIR,
+    CIFAR10_MD5,
     CIFAR10_TRAIN,
     CIFAR10_URL,
     CIFAR100_DIR,
+    CIFAR100_MD5,
     CIFAR100_URL,
     CIFAR_OFFICIAL,
     read_cifar,
@@ -64,7 +66,9 @@ __all__ = [  # the registry and loaders, and the file formats' names as they wer
     "IDX_MD5",
     "read_idx",
     "CIFAR10_URL",
+    "CIFAR10_MD5",
     "CIFAR100_URL",
+    "CIFAR100_MD5",
     "CIFAR_OFFICIAL",
     "SVHN_URL",
     "SVHN_OFFICIAL",
@@ -175,7 +179,7 @@ def stratified_subset(labels: np.ndarray, fraction: float, seed: int) -> np.ndar
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Datasets from files (the URL names are looked up when a loader runs, so a test can point them elsewhere)
+# Datasets from files (URL and MD5 names are looked up when a loader runs, so tests can point them elsewhere)
 
 
 @DATASETS.register("fmnist")
@@ -225,7 +229,7 @@ def load_cifar10(root: Path | None, download: bool) -> Dataset:
         subdirs=("cifar-10", "CIFAR10"),
         system=(),
         probe=files_probe(CIFAR10_DIR, files),
-        fetch=lambda dest: download_and_extract(CIFAR10_URL, dest, CIFAR10_DIR),
+        fetch=lambda dest: download_and_extract(CIFAR10_URL, dest, CIFAR10_DIR, CIFAR10_MD5),
         what=f"{CIFAR10_DIR}/",
     )
     tensors = read_cifar("cifar10", folder, CIFAR10_TRAIN, "test_batch", b"labels", 10)
@@ -244,7 +248,7 @@ def load_cifar100(root: Path | None, download: bool) -> Dataset:
         subdirs=("cifar-100", "CIFAR100"),
         system=(),
         probe=files_probe(CIFAR100_DIR, ("train", "test")),
-        fetch=lambda dest: download_and_extract(CIFAR100_URL, dest, CIFAR100_DIR),
+        fetch=lambda dest: download_and_extract(CIFAR100_URL, dest, CIFAR100_DIR, CIFAR100_MD5),
         what=f"{CIFAR100_DIR}/",
     )
     tensors = read_cifar("cifar100", folder, ("train",), "test", b"fine_labels", 100)

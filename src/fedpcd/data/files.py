@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 from fedpcd.errors import UserError
-from fedpcd.utils import current_umask
+from fedpcd.utils import current_umask, quiet
 
 DOWNLOAD_TIMEOUT_S = 10.0
 ENV_VAR = "FEDPCD_DATA"
@@ -126,7 +125,7 @@ def download_file(urls: Sequence[str], target: Path, md5: str | None = None) -> 
     errors = []
     for url in urls:
         try:
-            with _quiet(pooch.get_logger()):
+            with quiet(pooch.get_logger()):  # it reports every download on stderr
                 pooch.retrieve(
                     url,
                     known_hash=f"md5:{md5}" if md5 else None,
@@ -142,17 +141,6 @@ def download_file(urls: Sequence[str], target: Path, md5: str | None = None) -> 
             target.chmod(0o666 & ~current_umask())  # a normal file, not the temporary file's 0600
             return
     raise OSError("; ".join(errors))
-
-
-@contextlib.contextmanager
-def _quiet(logger: logging.Logger) -> Iterator[None]:
-    """``logger`` (pooch's, which reports every download on stderr) at WARNING for the block."""
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 # tarfile's own "data" filter too where this Python has it (3.10.12, 3.11.4, 3.12 and later)

@@ -139,7 +139,11 @@ def load_idx_tensors(name: str, folder: Path) -> dict[str, torch.Tensor]:
 
 
 def idx_fetch(urls: Sequence[str]) -> Callable[[Path], None]:
-    """A ``find_or_download`` fetch: the missing IDX files (.gz) from the first of ``urls`` that works."""
+    """A ``find_or_download`` fetch: the missing IDX files (.gz) from the first of ``urls`` that works.
+
+    No MD5 for the .gz itself: mirrors re-compress it, so only the uncompressed content is checked
+    (``read_idx``).
+    """
 
     def fetch(dest: Path) -> None:
         for stem in _IDX_FILES.values():

@@ -41,7 +41,8 @@ def read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def svhn_fetch(url: str, dest: Path) -> None:
-    """Download the missing SVHN files from ``url`` (the folder holding them) into ``dest``."""
+    """Download the missing SVHN files from ``url`` (the folder holding them) into ``dest``; each lands
+    only if it has its official MD5 (``SVHN_OFFICIAL``)."""
     for f in SVHN_FILES:
         if not (dest / f).is_file():
-            download_file([url + f], dest / f)
+            download_file([url + f], dest / f, SVHN_OFFICIAL[f][1])

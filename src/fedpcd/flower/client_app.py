@@ -42,7 +42,7 @@ from fedpcd.engine.federation import (  # noqa: E402
 from fedpcd.engine.guard import first_nonfinite  # noqa: E402
 from fedpcd.engine.privacy import clip_update  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
-from fedpcd.flower import records  # noqa: E402
+from fedpcd.flower import records, secagg  # noqa: E402
 from fedpcd.flower.protocol import (  # noqa: E402
     DATA_ROOT,
     DISCOVER,
@@ -138,6 +138,14 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 @_tagged
 def train(msg: Message, context: Context) -> Message:
+    """One client round; with ``privacy.secagg`` every SecAgg+ stage goes to Flower's ``secaggplus_mod``
+    (:mod:`fedpcd.flower.secagg`), which calls the round in its stage 2 and masks the model it returns."""
+    if secagg.is_stage(msg):
+        return secagg.client_stage(msg, context, client_round)
+    return client_round(msg, context)
+
+
+def client_round(msg: Message, context: Context) -> Message:
     """One client round: decode the payload, run ``client_step``, keep the state, reply."""
     t0 = time.perf_counter()
     task = msg.content[TASK]
@@ -166,10 +174,15 @@ def train(msg: Message, context: Context) -> Message:
     if privacy.clip is not None and privacy.clipping == "client":  # before the update leaves the node
         received = to_device(payload, rt.federation.device)
         reply, clipped = clip_update(reply, received, privacy.clip, rt.config.algorithm.name)
+    info: dict[str, Any] = {}
+    if bool(task.get("secagg", False)):  # the model goes to secaggplus_mod, the rest in the clear
+        content, info[secagg.KEYS] = secagg.pack_reply(reply)  # raises for a non-finite update
+    else:
+        content = records.record_dict(**{REPLY: reply})
     diverged = rt.config.engine.on_divergence == "drop" and first_nonfinite(reply) is not None
     if state is not None and not diverged:  # as in run_local: a None state does not erase the previous one,
         records.put(context.state, STATE, state)  # nor does an update the server will drop
-    content = records.record_dict(**{REPLY: reply, PERSONAL: metrics})
+    records.put(content, PERSONAL, metrics)
     content[TASK] = ConfigRecord(
         {
             "client-id": k,
@@ -177,6 +190,7 @@ def train(msg: Message, context: Context) -> Message:
             "dp-clipped": clipped,
             "process-id": os.getpid(),
             "client-s": time.perf_counter() - t0,
+            **info,
         }
     )
     return Message(content, reply_to=msg)

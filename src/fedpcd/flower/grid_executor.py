@@ -11,6 +11,10 @@ checkpoint for their states (a QUERY ``get-state``; the others' are unchanged) s
 complete; ``restore`` sends each node its state back (``set-state``, on resume). Only checkpoints of
 algorithms with client states move them over the wire: with ``engine.checkpoint_every: 0`` they never
 leave the nodes.
+
+With ``privacy.secagg`` a round's training runs inside Flower's SecAgg+ protocol
+(:mod:`fedpcd.flower.secagg`): the server learns only the weighted mean of the clients' models, which every
+decoded reply then holds.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, Message, MessageType
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedpcd.algorithms import FedAvg
@@ -28,7 +32,7 @@ from fedpcd.engine.client_result import ClientResult
 from fedpcd.engine.executor import StatesUnavailable
 from fedpcd.engine.federation import to_device
 from fedpcd.errors import UserError
-from fedpcd.flower import records
+from fedpcd.flower import records, secagg
 from fedpcd.flower.protocol import (
     GET_STATE,
     PAYLOAD,
@@ -39,6 +43,7 @@ from fedpcd.flower.protocol import (
     TASK,
     raise_for_error,
 )
+from fedpcd.utils import derive_seed
 
 
 class GridExecutor:
@@ -51,8 +56,12 @@ class GridExecutor:
         config_text: str,
         device: torch.device,
         round_timeout: float = 3600.0,
+        secure: Mapping[str, Any] | None = None,
+        seed: int = 0,
     ) -> None:
         self.grid = grid
+        self.secagg = secure  # SecAgg+ workflow parameters (privacy.secagg); None: plain messages
+        self.seed = seed
         self.nodes = dict(nodes)
         self.config_text = config_text
         self.device = device
@@ -65,19 +74,32 @@ class GridExecutor:
     def train(
         self, algorithm: FedAvg, server: dict[str, Any], ids: Sequence[int], rnd: int, evaluate: bool
     ) -> list[ClientResult]:
-        messages, down = [], {}
+        contents, down, sent = {}, {}, {}
         for k in ids:
-            payload = algorithm.payload_for(server, k)
+            sent[k] = payload = algorithm.payload_for(server, k)
             down[k] = tensor_bytes(payload)
-            content = records.record_dict(**{PAYLOAD: payload})
-            content[TASK] = ConfigRecord(
-                {"round": rnd, "client-id": k, "evaluate": evaluate, "config": self.config_text}
-            )
-            messages.append(
-                Message(content, message_type=MessageType.TRAIN, dst_node_id=self.nodes[k], group_id=str(rnd))
-            )
+            contents[k] = records.record_dict(**{PAYLOAD: payload})
+            task: dict[str, Any] = {
+                "round": rnd,
+                "client-id": k,
+                "evaluate": evaluate,
+                "config": self.config_text,
+            }
+            if self.secagg is not None:
+                task.update(
+                    {"secagg": True, "secagg-seed": derive_seed(self.seed, rnd, k, secagg.SEED_STREAM)}
+                )
+            contents[k][TASK] = ConfigRecord(task)
+        if self.secagg is not None:
+            replies, mean = self._secure_round(contents, rnd)
+        else:
+            messages = [
+                Message(c, message_type=MessageType.TRAIN, dst_node_id=self.nodes[k], group_id=str(rnd))
+                for k, c in contents.items()
+            ]
+            replies, mean = self.grid.send_and_receive(messages, timeout=self.round_timeout), None
         got: dict[int, ClientResult] = {}
-        for msg in self.grid.send_and_receive(messages, timeout=self.round_timeout):
+        for msg in replies:
             k = self.client_of.get(msg.metadata.src_node_id, -1)
             if msg.has_error():  # the ClientApp raised: left out (engine/guard.py); a UserError stops the run
                 try:
@@ -90,13 +112,36 @@ class GridExecutor:
             if int(msg.content[TASK]["client-id"]) != k:
                 raise RuntimeError(f"round {rnd}: reply for client {k} came from an unexpected node")
             reply = to_device(records.decode(msg.content, REPLY), self.device)  # CPU tensors off the wire
+            if mean is not None:  # SecAgg+: every reply holds the mean, the only model the server saw
+                keys = list(msg.content[TASK][secagg.KEYS])
+                reply = {
+                    "model": to_device(secagg.mean_model(mean, keys, sent[k]["model"]), self.device),
+                    **reply,
+                }
             metrics = records.get(msg.content, PERSONAL)
             self.clients_keep_state |= bool(msg.content[TASK].get("has-state", False))
             clipped = bool(msg.content[TASK].get("dp-clipped", False))
             got[k] = ClientResult(k, reply, metrics, down[k], tensor_bytes(reply), clipped=clipped)
             self.changed.add(k)
-        timeout = TimeoutError(f"no reply within the round timeout ({self.round_timeout:g} s)")
-        return [got.get(k) or ClientResult(k, {}, None, down[k], 0, error=timeout) for k in ids]
+        missing = TimeoutError(f"no reply within the round timeout ({self.round_timeout:g} s)")
+        if self.secagg is not None:
+            missing = TimeoutError(
+                "left out of the secure aggregation (no masked update, or the protocol halted)"
+            )
+        return [got.get(k) or ClientResult(k, {}, None, down[k], 0, error=missing) for k in ids]
+
+    def _secure_round(self, contents: Mapping[int, RecordDict], rnd: int) -> tuple[list[Message], Any]:
+        """The round's training through SecAgg+ (:mod:`fedpcd.flower.secagg`): the clients' stage-2 replies
+        (and any node's error) and the weighted mean of their models (None if the protocol halted)."""
+        if len(contents) < 2:
+            raise UserError(
+                f"round {rnd}: privacy.secagg needs at least 2 clients per round, {len(contents)} sampled; "
+                "raise participation or clients"
+            )
+        assert self.secagg is not None
+        by_node = {self.nodes[k]: c for k, c in contents.items()}
+        mean, replies, errors = secagg.secure_round(self.grid, by_node, rnd, self.secagg, self.round_timeout)
+        return [*errors, *replies.values()], mean
 
     def _ask(
         self, action: str, clients: Sequence[int], states: Mapping[int, Any] | None = None

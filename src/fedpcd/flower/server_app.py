@@ -36,6 +36,7 @@ from fedpcd.engine.federation import Federation, build_federation, set_threads  
 from fedpcd.engine.rounds import open_checkpoint, run_rounds  # noqa: E402
 from fedpcd.engine.rundir import RunDir  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
+from fedpcd.flower import secagg  # noqa: E402
 from fedpcd.flower.discovery import PollingGrid, discover, federation_size, fit_to_federation  # noqa: E402
 from fedpcd.flower.grid_executor import GridExecutor  # noqa: E402
 from fedpcd.flower.protocol import config_text  # noqa: E402
@@ -77,9 +78,13 @@ def serve(
     with run_dir.lock():
         checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
         fed = federation if federation is not None else build_federation(config)
+        secure = None
+        if config.privacy.secagg is not None:  # W defaults to the largest client's training set
+            largest = max(client.num_samples for client in fed.clients)
+            secure = secagg.workflow_params(config.privacy.secagg, largest)
         text = config_text(config)
         nodes = discover(fast, config.clients, node_timeout, text)
-        executor = GridExecutor(fast, nodes, text, fed.device, round_timeout)
+        executor = GridExecutor(fast, nodes, text, fed.device, round_timeout, secure, config.seed)
 
         def log(record: dict[str, Any]) -> None:
             shown = " ".join(f"{label}={value}" for label, value in headline(record).items())
