@@ -353,6 +353,21 @@ def test_secagg_plus_aggregates_to_the_weighted_mean_of_the_client_models(tmp_pa
     assert run_records(tmp_path / "a") == run_records(tmp_path / "b")
 
 
+def test_a_secagg_plus_run_killed_in_round_3_resumes_to_the_uninterrupted_run(tmp_path, task_identity):
+    """SecAgg+ rounds are deterministic (exact modular sums, seeded rounding): a FedPer run (private heads
+    on the nodes) killed during round 3 and resumed on fresh nodes gives the uninterrupted run's metrics."""
+    args = SMALL + ["clients=4", "rounds=4", "participation=0.75", "algorithm.name=fedper", "backend=flower"]
+    args += ["privacy.secagg=true"]
+    serve(
+        InProcessGrid(_nodes(4)), load_config(None, args + [f"output_dir={tmp_path / 'a'}"]), node_timeout=5
+    )
+    killed = load_config(None, args + [f"output_dir={tmp_path / 'b'}"])
+    with pytest.raises(KeyboardInterrupt):
+        serve(KilledGrid(_nodes(4), kill_at=3), killed, node_timeout=5)
+    serve(InProcessGrid(_nodes(4), seed=1), killed, node_timeout=5, resume=True)
+    _assert_same_run(tmp_path / "a", tmp_path / "b")
+
+
 def test_secagg_plus_leaves_out_a_client_that_fails_during_the_protocol(tmp_path, monkeypatch, task_identity):
     """A ClientApp raising in the masked-upload stage drops out: the protocol rebuilds its masks from the
     others' shares and the mean is the other clients' one; the round records it as left out."""
