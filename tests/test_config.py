@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -17,6 +19,17 @@ def test_defaults_are_resolved():
     assert d["partition"] == {"scheme": "pathological", "classes_per_client": 2, "legacy_duplicate": False}
     assert d["local"]["batch_size"] == 64 and d["engine"]["executor"] == "auto"
     assert d["algorithm"] == {"name": "fedavg"}
+
+
+def test_example_config_states_every_key_with_its_default():
+    """configs/example.yaml is the reference of every key: it resolves to the defaults and leaves none out."""
+    path = Path(__file__).resolve().parents[1] / "configs" / "example.yaml"
+    raw, defaults = yaml.safe_load(path.read_text()), load_config(None).to_dict()
+    assert load_config(path).to_dict() == defaults
+    assert list(raw) == list(defaults)
+    for key, section in defaults.items():
+        if isinstance(section, dict):
+            assert set(raw[key]) == set(section), key
 
 
 def test_overrides_parse_types_and_nesting():
