@@ -112,16 +112,15 @@ class GridExecutor:
             if int(msg.content[TASK]["client-id"]) != k:
                 raise RuntimeError(f"round {rnd}: reply for client {k} came from an unexpected node")
             reply = to_device(records.decode(msg.content, REPLY), self.device)  # CPU tensors off the wire
+            up = tensor_bytes(reply)
             if mean is not None:  # SecAgg+: every reply holds the mean, the only model the server saw
                 keys = list(msg.content[TASK][secagg.KEYS])
-                reply = {
-                    "model": to_device(secagg.mean_model(mean, keys, sent[k]["model"]), self.device),
-                    **reply,
-                }
+                model = secagg.mean_model(mean, keys, sent[k]["model"])
+                reply, up = {"model": to_device(model, self.device), **reply}, secagg.masked_bytes(msg)
             metrics = records.get(msg.content, PERSONAL)
             self.clients_keep_state |= bool(msg.content[TASK].get("has-state", False))
             clipped = bool(msg.content[TASK].get("dp-clipped", False))
-            got[k] = ClientResult(k, reply, metrics, down[k], tensor_bytes(reply), clipped=clipped)
+            got[k] = ClientResult(k, reply, metrics, down[k], up, clipped=clipped)
             self.changed.add(k)
         missing = TimeoutError(f"no reply within the round timeout ({self.round_timeout:g} s)")
         if self.secagg is not None:

@@ -43,6 +43,7 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import Key as SecAggKey
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 from flwr.server import LegacyContext
 from flwr.server.workflow import SecAggPlusWorkflow
@@ -110,6 +111,12 @@ def pack_reply(reply: Mapping[str, Any]) -> tuple[RecordDict, list[str]]:
     for name, record in clear.items():
         content[name] = record
     return content, keys
+
+
+def masked_bytes(reply: Message) -> int:
+    """Bytes of the masked model in a stage-2 reply (what the client uploaded in place of its model)."""
+    masked = reply.content.config_records[RECORD_KEY_CONFIGS][SecAggKey.MASKED_PARAMETERS]
+    return sum(len(b) for b in masked)  # type: ignore[union-attr]
 
 
 @dataclass
