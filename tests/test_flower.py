@@ -419,6 +419,11 @@ def test_every_algorithm_secagg_admits_runs_under_it(tmp_path, name, task_identi
             "privacy.clipping=server needs every update on the server, which privacy.secagg hides",
         ),
         (["backend=flower", "privacy.secagg.modulus_range=1000"], "modulus_range must be a power of 2"),
+        (["backend=flower", "privacy.secagg.num_shares=2"], "num_shares as a count must be at least 3"),
+        (
+            ["backend=flower", "privacy.secagg.num_shares=3", "privacy.secagg.reconstruction_threshold=3"],
+            "reconstruction_threshold must be less than num_shares",
+        ),
     ],
 )
 def test_secagg_plus_refuses_what_it_cannot_hide_in_one_line(args, message):

@@ -176,6 +176,11 @@ class SecAggConfig(_Strict):
                 raise ValueError(
                     f"privacy.secagg.{name} is a count (an integer) or a fraction <= 1, got {value}"
                 )
+        shares, threshold = self.num_shares, self.reconstruction_threshold
+        if 1 < shares <= 2:
+            raise ValueError("privacy.secagg.num_shares as a count must be at least 3 (or a fraction <= 1)")
+        if shares > 1 and threshold > 1 and threshold >= shares:
+            raise ValueError("privacy.secagg.reconstruction_threshold must be less than num_shares")
         return self
 
 
