@@ -383,6 +383,32 @@ def test_secagg_plus_leaves_out_a_client_that_fails_during_the_protocol(tmp_path
     assert run_records(tmp_path / "fl")[0]["left_out"] == [2]
 
 
+@pytest.mark.parametrize("policy", ["stop", "drop"])
+def test_a_non_finite_update_under_secagg_stops_the_run_or_drops_the_client(
+    tmp_path, monkeypatch, policy, task_identity
+):
+    """The server cannot screen a masked update: the ClientApp does (engine.on_divergence)."""
+    original = FedAvg.local_update
+
+    def local_update(self, model, data, work):
+        reply, state = original(self, model, data, work)
+        if data.id == 1 and work.round == 2:
+            reply["model"] = {k: v * float("nan") for k, v in reply["model"].items()}
+        return reply, state
+
+    monkeypatch.setattr(FedAvg, "local_update", local_update)
+    args = SMALL + ["clients=3", "rounds=2", f"output_dir={tmp_path}", "backend=flower"]
+    args += ["privacy.secagg=true"]
+    cfg = load_config(None, args + [f"engine.on_divergence={policy}"])
+    if policy == "stop":
+        with pytest.raises(UserError, match=r"round 2: client 1: diverged \(non-finite update at model/"):
+            serve(InProcessGrid(_nodes(3)), cfg, node_timeout=5)
+        assert [r["round"] for r in run_records(tmp_path)] == [1]
+    else:
+        serve(InProcessGrid(_nodes(3)), cfg, node_timeout=5)
+        assert run_records(tmp_path)[1]["left_out"] == [1]
+
+
 SECAGG_ABLE = [
     n for n in ALGORITHMS.names() if not n.startswith("_") and ALGORITHMS.get(n).aggregate is FedAvg.aggregate
 ]

@@ -176,7 +176,8 @@ def client_round(msg: Message, context: Context) -> Message:
         reply, clipped = clip_update(reply, received, privacy.clip, rt.config.algorithm.name)
     info: dict[str, Any] = {}
     if bool(task.get("secagg", False)):  # the model goes to secaggplus_mod, the rest in the clear
-        content, info[secagg.KEYS] = secagg.pack_reply(reply)  # raises for a non-finite update
+        drop = rt.config.engine.on_divergence == "drop"
+        content, info[secagg.KEYS] = secagg.pack_reply(reply, drop)  # raises for a non-finite update
     else:
         content = records.record_dict(**{REPLY: reply})
     diverged = rt.config.engine.on_divergence == "drop" and first_nonfinite(reply) is not None

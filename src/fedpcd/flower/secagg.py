@@ -16,8 +16,9 @@ q-weighted mean of N clients. The algorithm's ``aggregate`` (FedAvg's, the only 
 reply per client holding that mean as its ``model``, next to the client's own scalars (sample count, train
 loss), which travel in the clear like Flower's fit metrics.
 
-By design the server cannot screen single updates: a client whose update is not finite does not upload (it
-drops out of the round and the protocol removes its masks), and server-side clipping is refused.
+By design the server cannot screen single updates, so the ClientApp does: a non-finite update stops the run
+(``engine.on_divergence: drop``: the client does not upload and the protocol leaves it out), and
+server-side clipping is refused.
 """
 
 from __future__ import annotations
@@ -88,10 +89,11 @@ def client_stage(msg: Message, context: Context, train: Callable[[Message, Conte
         return secaggplus_mod(msg, context, train)
 
 
-def pack_reply(reply: Mapping[str, Any]) -> tuple[RecordDict, list[str]]:
+def pack_reply(reply: Mapping[str, Any], drop: bool) -> tuple[RecordDict, list[str]]:
     """A client's reply in SecAgg+'s form: its ``model`` as the fit result's parameters (masked by the mod),
     weighted by ``num_samples``; every other entry, scalars only, in the clear. Returns the content and the
-    model's keys in order."""
+    model's keys in order. A non-finite model stops the run, or with ``drop`` (``engine.on_divergence:
+    drop``) leaves this client out of the round: the server cannot screen it once it is masked."""
     model, rest = reply.get("model"), {k: v for k, v in reply.items() if k != "model"}
     if not isinstance(model, Mapping) or not model:
         raise UserError("privacy.secagg: this algorithm's clients send no model to aggregate; turn it off")
@@ -102,8 +104,13 @@ def pack_reply(reply: Mapping[str, Any]) -> tuple[RecordDict, list[str]]:
             f"privacy.secagg hides only the reply's model, but it also holds tensors: {extra[:3]}"
         )
     bad = first_nonfinite({"model": model})
-    if bad is not None:  # the server could not leave it out: this client does not upload (it drops out)
+    if bad is not None and drop:  # this client does not upload: the protocol leaves it out
         raise RuntimeError(f"non-finite update ({bad}): left out of the secure aggregation")
+    if bad is not None:
+        raise UserError(
+            f"diverged (non-finite update at {bad}); lower local.lr, set local.grad_clip or set "
+            "engine.on_divergence=drop to leave such clients out of the secure aggregation"
+        )
     keys = list(model)
     arrays = [model[k].detach().cpu().double().numpy() for k in keys]
     fit = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), int(reply["num_samples"]), {})
