@@ -57,6 +57,7 @@ def serve(
     adapt_clients: bool = False,
     resume: bool = False,
     allow_changes: Sequence[str] = (),
+    checkpoint: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole run on the server side: discovery, then the engine's round loop with the ClientApps as its
     executor (:class:`~fedpcd.flower.grid_executor.GridExecutor`); returns the summary.
@@ -65,7 +66,8 @@ def serve(
     config follows the federation's size instead). A ClientApp that raises or does not reply within
     ``round_timeout`` seconds is left out of its round (engine/guard.py); ``stop`` set from another thread
     ends the run at the next poll (``discovery.Interrupted``). ``resume`` continues from the run directory's
-    checkpoint (the nodes get their client states back). The run directory is locked while the run lasts."""
+    checkpoint (the nodes get their client states back; ``checkpoint``: that checkpoint when the caller has
+    read and checked it already). The run directory is locked while the run lasts."""
     fast = PollingGrid(grid, stop=stop)
     config = fit_to_federation(
         config, federation_size(fast, node_timeout), adapt_clients and federation is None and not resume
@@ -76,7 +78,8 @@ def serve(
         run_dir.check_new()
     LOG.info("fedpcd: run directory %s", run_dir.path.resolve())
     with run_dir.lock():
-        checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
+        if checkpoint is None:
+            checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
         fed = federation if federation is not None else build_federation(config)
         secure = None
         if config.privacy.secagg is not None:  # W defaults to the largest client's training set
@@ -139,13 +142,15 @@ def make_server_app(
     stop: threading.Event | None = None,
     resume: bool = False,
     allow_changes: Sequence[str] = (),
+    checkpoint: dict[str, Any] | None = None,
 ) -> ServerApp:
     """A ServerApp running ``config`` (None: read it from ``flwr run``'s run config).
 
     The summary goes to ``result["summary"]`` when a dict is given (in the simulation the ServerApp runs
     in a thread of the caller's process); ``on_finish`` is called after the last round, while the
     ClientApps are still up; ``stop`` set ends the run at the ServerApp's next poll; ``resume`` continues
-    the run directory's checkpoint (``allow_changes``: as ``fedpcd run --resume --allow-config-change``)."""
+    the run directory's checkpoint (``allow_changes``: as ``fedpcd run --resume --allow-config-change``;
+    ``checkpoint``: that checkpoint, already read and checked by the caller)."""
     server_app = ServerApp()
 
     @server_app.main()
@@ -163,6 +168,7 @@ def make_server_app(
                 adapt_clients=config is None and bool(rc.get("adapt-clients", True)),
                 resume=resume or bool(rc.get("resume", False)),
                 allow_changes=allow_changes,
+                checkpoint=checkpoint,
             )
         except UserError as exc:
             if config is not None:  # in-process (fedpcd run backend=flower): the caller reports it

@@ -103,10 +103,10 @@ def run_flower(
         run_dir.check_new()  # before spending ~20 s on starting Ray
     check_trackers(config)
     with run_dir.lock():  # re-entrant: the ServerApp thread takes it again
-        open_checkpoint(config, run_dir, resume, allow_changes)  # a wrong resume fails before Ray starts
+        checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)  # fails before Ray starts
         set_threads(config)
         fed = build_federation(config)  # data and partition problems surface here, before Ray starts
-        return _run_simulation(config, fed, progress, verbose, num_cpus, resume, allow_changes)
+        return _run_simulation(config, fed, progress, verbose, num_cpus, resume, allow_changes, checkpoint)
 
 
 def _run_simulation(
@@ -117,6 +117,7 @@ def _run_simulation(
     num_cpus: int | None,
     resume: bool,
     allow_changes: Sequence[str],
+    checkpoint: dict[str, Any] | None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     stop = threading.Event()  # set on the way out: the ServerApp thread stops polling at once
@@ -150,6 +151,7 @@ def _run_simulation(
             stop=stop,
             resume=resume,
             allow_changes=allow_changes,
+            checkpoint=checkpoint,
         )
         guard = watchdog.start(base)  # stops what Ray leaves behind should this process be SIGKILLed
         before = procs.descendants(os.getpid())  # the watchdog included: it is not Ray's
