@@ -29,9 +29,10 @@ install: $(PY)
 demo: install
 	fedpcd demo
 
+# the suite's files spread over the cores (a file's tests share one worker: its module fixtures run once)
 test: install
 	ruff check src tests benchmarks
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile
 
 bench: install
 	$(PY) benchmarks/throughput.py
