@@ -6,6 +6,7 @@ short end-to-end run of each on synthetic data.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -213,6 +214,30 @@ def test_fedrep_head_phase_leaves_the_body_and_body_phase_leaves_the_head():
     train_loop(alg, model, _client(), LocalWork(payload, state, _rng(), phase="body"), epochs=1)
     assert _equal(head, model.head.state_dict())
     assert not torch.equal(model.state_dict()["fc1.weight"], server["model"]["fc1.weight"])
+
+
+def test_fedrep_head_epochs_compute_no_body_gradient_and_train_the_same_head():
+    """train_loop freezes what it does not train: the head epochs leave no gradient on the body, restore its
+    requires_grad, and give bitwise the head of a loop that back-propagates through the whole model."""
+    alg, model = _alg("fedrep"), _model()
+    server = alg.init_server(model)
+    payload, state = alg.payload_for(server, 0), server["initial"]
+    alg.begin_local(model, _client(), LocalWork(payload, state, _rng()))
+    reference = copy.deepcopy(model)
+    train_loop(alg, model, _client(), LocalWork(payload, state, _rng(), phase="head"), epochs=3)
+    body = [p for p in model.parameters() if id(p) not in _ids(model.head.parameters())]
+    assert body and all(p.grad is None and p.requires_grad for p in body)
+
+    work = LocalWork(payload, state, _rng(), phase="head")
+    opt = torch.optim.SGD(reference.head.parameters(), lr=alg.ctx.local.lr)
+    reference.train()
+    for _ in range(3):
+        for batch in _client().batches(alg.ctx.local.batch_size, work.rng):
+            opt.zero_grad(set_to_none=True)
+            alg.loss(reference, batch, work).backward()
+            opt.step()
+    assert reference.fc1.weight.grad is not None  # the reference did go through the body
+    assert _equal(model.state_dict(), reference.state_dict())
 
 
 def test_fedrep_default_body_epochs_are_local_epochs(monkeypatch):

@@ -299,10 +299,34 @@ def train_loop(
 
     ``epochs`` defaults to ``local.epochs``, ``lr`` to ``local.lr * local.lr_decay^(t - 1)`` in round t
     (``work.round``); ``plain_sgd`` drops ``local.momentum`` and ``local.weight_decay`` (e.g. Ditto's
-    personal steps).
+    personal steps). The model's other parameters are frozen for the loop, so backward computes no
+    gradient for them (FedRep's head epochs skip the body's backward); the gradients it does compute, and
+    so the steps, are the same.
     """
-    cfg = algorithm.ctx.local
     params = [p for p in algorithm.trainable_parameters(model, work) if p.requires_grad]
+    trained = {id(p) for p in params}
+    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in trained]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        return _train_epochs(algorithm, model, data, work, params, epochs, lr, plain_sgd)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def _train_epochs(
+    algorithm: FedAvg,
+    model: nn.Module,
+    data: ClientData,
+    work: LocalWork,
+    params: list[nn.Parameter],
+    epochs: int | None,
+    lr: float | None,
+    plain_sgd: bool,
+) -> float:
+    """``train_loop``'s epochs over ``params`` (the others frozen)."""
+    cfg = algorithm.ctx.local
     if lr is None:
         lr = round_lr(cfg, work.round)
     momentum, decay = (0.0, 0.0) if plain_sgd else (cfg.momentum, cfg.weight_decay)
