@@ -230,7 +230,7 @@ class FedAvg:
 
     def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
         """Parameters (or working tensors of ``work``) the local optimiser updates (all parameters for
-        FedAvg)."""
+        FedAvg); ``train_loop`` freezes the model's others while it runs."""
         return model.parameters()
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
