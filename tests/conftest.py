@@ -56,3 +56,13 @@ def run_summary(run_dir: Path) -> dict:
     s.pop("wall_s")
     s["final"].pop("wall_s", None)
     return s
+
+
+def assert_same_backend_run(local: Path, flower: Path) -> None:
+    """A Flower run equals the local backend's bitwise: metrics (floats compared exactly), summaries,
+    partitions and configs (but for ``backend`` and the output folder)."""
+    assert run_records(local) == run_records(flower)
+    assert run_summary(local) == run_summary(flower)
+    assert (local / "partition.json").read_text() == (flower / "partition.json").read_text()
+    cl = (local / "config.yaml").read_text().replace("backend: local", "backend: flower")
+    assert cl.replace(str(local), "OUT") == (flower / "config.yaml").read_text().replace(str(flower), "OUT")

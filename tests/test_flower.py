@@ -1,23 +1,16 @@
-"""The Flower backend: same numbers as the local backend, loopback only, every process stopped.
+"""The Flower backend in one process: the same numbers as the local backend.
 
-- fast: the ServerApp's round loop against the ClientApp in this process (a Grid that calls the ClientApp
-  through Flower's wire format), with per-client payloads and client state in ``context.state``;
-- slow: ``run_flower`` through Flower's simulation engine (Ray) on Fashion-MNIST, and a real deployment
-  (one SuperLink, two SuperNodes, long-lived ClientApp workers) on 127.0.0.1 via ``flwr run``.
+The ServerApp's round loop against the ClientApp in this process (a Grid that calls the ClientApp through
+Flower's wire format), with per-client payloads and client state in ``context.state``: every algorithm,
+resume, differential privacy, SecAgg+, discovery, client failures. Flower's real processes (Ray, a
+loopback deployment, signals) are tested in ``test_flower_processes.py``.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import json
-import os
 import random
 import re
-import signal
-import subprocess
-import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import uuid4
@@ -38,29 +31,19 @@ from flwr.common.serde import (  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from conftest import requires_fmnist, run_records, run_summary  # noqa: E402
+from conftest import assert_same_backend_run, run_records  # noqa: E402
 from fedpcd.algorithms import ALGORITHMS, FedAvg  # noqa: E402
 from fedpcd.config import load_config  # noqa: E402
 from fedpcd.engine.simulation import run_local  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
-from fedpcd.flower import procs, records  # noqa: E402
+from fedpcd.flower import records  # noqa: E402
 from fedpcd.flower.client_app import app as client_app  # noqa: E402
 from fedpcd.flower.discovery import discover, federation_size, fit_to_federation  # noqa: E402
 from fedpcd.flower.protocol import GET_STATE, STATE, TASK, raise_for_error, tag_user_error  # noqa: E402
 from fedpcd.flower.server_app import config_from_run_config, serve  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-HOME_FLWR_EXISTED = (Path.home() / ".flwr").exists()
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
-
-
-def _assert_same_run(local: Path, flower: Path) -> None:
-    """Bitwise-equal metrics (floats compared exactly), summaries, partitions and configs."""
-    assert run_records(local) == run_records(flower)
-    assert run_summary(local) == run_summary(flower)
-    assert (local / "partition.json").read_text() == (flower / "partition.json").read_text()
-    cl = (local / "config.yaml").read_text().replace("backend: local", "backend: flower")
-    assert cl.replace(str(local), "OUT") == (flower / "config.yaml").read_text().replace(str(flower), "OUT")
 
 
 # ----- an algorithm with per-client payloads and client state (exercises the codec end to end) -----
@@ -175,7 +158,7 @@ def test_strategy_with_per_client_payloads_and_client_state_matches_local(
     run_local(local, progress=False)
     grid = InProcessGrid(_nodes(4))
     summary = serve(grid, flower, node_timeout=5)
-    _assert_same_run(tmp_path / "local", tmp_path / "flower")
+    assert_same_backend_run(tmp_path / "local", tmp_path / "flower")
     assert [r["round"] for r in run_records(tmp_path / "flower")] == [2, 3]  # eval_every=2 and the last round
     assert summary["rounds"] == 3
     # the client states live on the nodes (context.state), identical to the local backend's
@@ -223,7 +206,7 @@ def test_a_flower_run_killed_after_round_2_resumes_on_flower_to_the_uninterrupte
     assert [r["round"] for r in run_records(tmp_path / "fl")] == [1, 2]
     fresh = InProcessGrid(_nodes(4), seed=1)  # new SuperNodes: nothing in their context.state
     serve(fresh, flower, node_timeout=5, resume=True)
-    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
 
 
 class DeafGrid(InProcessGrid):
@@ -257,7 +240,7 @@ def test_a_checkpoint_without_every_client_state_is_skipped_with_a_warning(
     serve(DeafGrid(_nodes(3), deaf_at=2), flower, node_timeout=5, round_timeout=1)
     err = capsys.readouterr().err
     assert "round 2: no checkpoint (client state (get-state): no reply from client(s) 0 within" in err
-    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
     ckpt = torch.load(tmp_path / "fl" / "checkpoint" / "state.pt", weights_only=False)
     assert ckpt["round"] == 3 and sorted(ckpt["client_states"]) == [0, 1, 2]
 
@@ -286,7 +269,7 @@ def test_a_checkpoint_fetches_only_the_states_of_the_clients_trained_since_the_l
     run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     grid = StateQueryLog(_nodes(4))
     serve(grid, load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"]), node_timeout=5)
-    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
     assert grid.asked == [r["clients"] for r in run_records(tmp_path / "fl")]
     want = torch.load(tmp_path / "local" / "checkpoint" / "state.pt", weights_only=False)["client_states"]
     got = torch.load(tmp_path / "fl" / "checkpoint" / "state.pt", weights_only=False)["client_states"]
@@ -301,7 +284,7 @@ def test_differential_privacy_gives_the_local_numbers_through_flower(tmp_path, s
     run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
     serve(InProcessGrid(_nodes(3)), flower, node_timeout=5)
-    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
     assert [r["dp_clipped"] for r in run_records(tmp_path / "fl")] == [3, 3]
 
 
@@ -367,7 +350,7 @@ def test_a_secagg_plus_run_killed_in_round_3_resumes_to_the_uninterrupted_run(tm
     with pytest.raises(KeyboardInterrupt):
         serve(KilledGrid(_nodes(4), kill_at=3), killed, node_timeout=5)
     serve(InProcessGrid(_nodes(4), seed=1), killed, node_timeout=5, resume=True)
-    _assert_same_run(tmp_path / "a", tmp_path / "b")
+    assert_same_backend_run(tmp_path / "a", tmp_path / "b")
 
 
 def test_secagg_plus_leaves_out_a_client_that_fails_during_the_protocol(tmp_path, monkeypatch, task_identity):
@@ -470,7 +453,7 @@ def test_every_registered_algorithm_gives_the_local_numbers_through_flower(tmp_p
     run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
     serve(InProcessGrid(_nodes(4)), flower, node_timeout=5)
-    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
 
 
 def test_model_heterogeneous_fedssa_gives_the_local_numbers_through_flower(tmp_path, task_identity):
@@ -487,7 +470,7 @@ def test_model_heterogeneous_fedssa_gives_the_local_numbers_through_flower(tmp_p
     run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
     serve(InProcessGrid(_nodes(5)), flower)
-    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
 
 
 def test_fedavg_strategy_writes_the_local_checkpoint(tmp_path, task_identity):
@@ -497,7 +480,7 @@ def test_fedavg_strategy_writes_the_local_checkpoint(tmp_path, task_identity):
         InProcessGrid(_nodes(3, with_count=False)),
         load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"]),
     )
-    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
     a = torch.load(tmp_path / "local" / "checkpoint" / "state.pt", weights_only=False)
     b = torch.load(tmp_path / "fl" / "checkpoint" / "state.pt", weights_only=False)
     assert a["round"] == b["round"] == 2 and b["client_states"] == {}
@@ -582,155 +565,6 @@ def test_flower_app_declares_fedpcd_components_and_no_torch_dependency():
     assert "federations" not in project["tool"]["flwr"]  # flwr 1.41 would migrate it into FLWR_HOME
 
 
-# ----- slow: Ray and real SuperLink/SuperNode processes -----
-def _loopback_only(addresses: set[str]) -> bool:
-    return all(ipaddress.ip_address(a.strip("[]")).is_loopback for a in addresses)
-
-
-def _listening(pids: set[int]) -> set[str]:
-    """Addresses of TCP sockets in LISTEN state owned by ``pids`` (from /proc)."""
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:["):
-                    inodes.add(int(link[8:-1]))
-        except OSError:
-            continue
-    out = set()
-    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            if parts[3] != "0A" or int(parts[9]) not in inodes:
-                continue
-            raw = bytes.fromhex(parts[1].split(":")[0])
-            if v6:
-                ip = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
-                out.add(str(ip.ipv4_mapped or ip))
-            else:
-                out.add(str(ipaddress.IPv4Address(raw[::-1])))
-    return out
-
-
-class SocketWatch:
-    """Samples, in a thread, the processes descended from this one and the TCP addresses they listen on."""
-
-    def __init__(self) -> None:
-        self.before = procs.descendants(os.getpid())
-        self.seen: set[procs.Proc] = set()
-        self.addresses: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            now = procs.descendants(os.getpid()) - self.before
-            self.seen |= now
-            self.addresses |= _listening({p for p, _ in now})
-
-    def __enter__(self) -> SocketWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-@pytest.fixture
-def flower_tmp_env(tmp_path, monkeypatch):
-    """A temporary FLWR_HOME and RAY_TMPDIR for anything that would write under $HOME or /tmp/ray."""
-    for key, sub in (("FLWR_HOME", "flwr-home"), ("RAY_TMPDIR", "ray")):
-        (tmp_path / sub).mkdir()
-        monkeypatch.setenv(key, str(tmp_path / sub))
-    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
-    monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
-    return tmp_path
-
-
-@pytest.mark.slow
-@requires_fmnist
-@pytest.mark.parametrize("algorithm", ["fedavg", "fednh"])
-def test_flower_simulation_equals_local_backend(flower_tmp_env, algorithm):
-    """Acceptance: FedAvg and FedNH (server prototypes in every payload), 4 clients, 2 rounds on
-    Fashion-MNIST; Flower's simulation == local, bitwise."""
-    from fedpcd.flower import run_flower
-
-    tmp = flower_tmp_env
-    args = [
-        f"algorithm.name={algorithm}",
-        "dataset.name=fmnist",
-        "dataset.train_fraction=0.25",
-        "clients=4",
-        "rounds=2",
-        "seed=0",
-        "engine.threads=1",
-    ]
-    run_local(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
-    cfg = load_config(None, args + [f"output_dir={tmp / 'flower'}", "backend=flower"])
-    with SocketWatch() as watch:
-        summary = run_flower(cfg, progress=False)
-    _assert_same_run(tmp / "local", tmp / "flower")
-    assert summary["rounds"] == 2 and summary["final"]["global_acc"] is not None
-    a = torch.load(tmp / "local" / "checkpoint" / "state.pt", weights_only=False)["server"]["model"]
-    b = torch.load(tmp / "flower" / "checkpoint" / "state.pt", weights_only=False)["server"]["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    # Ray ran (its processes were seen), listened on loopback only, and nothing it started is left
-    assert len(watch.seen) >= 3
-    assert watch.addresses and _loopback_only(watch.addresses), watch.addresses
-    assert not [p for p in watch.seen if procs.alive(p)]
-    assert procs.descendants(os.getpid()) <= watch.before
-    assert (Path.home() / ".flwr").exists() == HOME_FLWR_EXISTED  # Flower wrote nothing under $HOME
-
-
-@pytest.mark.slow
-def test_deployment_two_supernodes_on_loopback_completes_and_stops(flower_tmp_env):
-    """Acceptance: one SuperLink + two SuperNodes (long-lived workers) on 127.0.0.1, `flwr run` of the
-    repository's flower-app, 2 rounds, the same numbers as local, every process stopped by pid."""
-    from fedpcd.flower.deploy import LoopbackDeployment
-
-    tmp = flower_tmp_env
-    args = SMALL + ["clients=2", "rounds=2", "seed=4"]
-    run_local(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
-    cfg = load_config(None, args + [f"output_dir={tmp / 'deployed'}"])
-    with SocketWatch() as watch:
-        dep = LoopbackDeployment(2, workdir=tmp / "deploy", cwd=tmp)
-        with dep:
-            assert len(dep.pids) == 5  # SuperLink, 2 SuperNodes, 2 workers
-            summary = dep.run(cfg, app_dir=REPO / "flower-app", node_timeout=120)
-            running = dep.all_processes()
-    assert summary["rounds"] == 2
-    _assert_same_run(tmp / "local", tmp / "deployed")
-    assert {p for p, _ in running} >= set(dep.pids)
-    assert not [p for p in running | watch.seen if procs.alive(p)], "processes left after stop()"
-    assert procs.descendants(os.getpid()) <= watch.before
-    assert watch.addresses and _loopback_only(watch.addresses), watch.addresses
-    assert (tmp / "deploy" / "logs" / "superlink.log").exists()  # workdir given: logs are kept
-
-
-@pytest.mark.slow
-def test_deployment_with_tls_on_loopback(flower_tmp_env):
-    """The documented TLS flags: SuperLink --ssl-*, SuperNodes --root-certificates, CLI root-certificates."""
-    from fedpcd.flower.deploy import LoopbackDeployment
-
-    tmp = flower_tmp_env
-    cfg = load_config(None, SMALL + ["clients=2", "rounds=1", f"output_dir={tmp / 'tls'}"])
-    dep = LoopbackDeployment(2, tls=True, cwd=tmp)
-    with dep:
-        link = " ".join(dep.started[0].popen.args)
-        assert "--ssl-certfile" in link and "--insecure" not in link
-        summary = dep.run(cfg, node_timeout=120)
-        running = dep.all_processes()
-    assert summary["rounds"] == 1 and summary["final"]["global_acc"] is not None
-    assert not [p for p in running if procs.alive(p)]
-    assert not dep.base.exists()  # the temporary working directory (certificates, homes, logs) is removed
-
-
 # ----- reliability: client failures, divergence, Ctrl-C, SIGTERM and SIGKILL ------------------
 
 
@@ -759,7 +593,7 @@ def test_a_failing_clientapp_is_left_out_as_in_the_local_backend(
         InProcessGrid(_nodes(3)),
         load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"]),
     )
-    _assert_same_run(tmp_path / "local", tmp_path / "fl")
+    assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
     assert run_records(tmp_path / "fl")[1]["left_out"] == [2]
     assert capsys.readouterr().err.count("warning: round 2: client 2 failed") == 2  # once per backend
 
@@ -786,94 +620,3 @@ def test_a_set_stop_event_ends_the_serverapp_at_its_next_poll(tmp_path, task_ide
     )
     with pytest.raises(Interrupted):
         serve(InProcessGrid(_nodes(2)), cfg, stop=stop)
-
-
-# Fashion-MNIST with the Simple-CNN: a ClientApp is inside a real local update (seconds) when the signal
-# comes, which an MLP on synthetic data hardly ever is
-REAL_DATA = ["dataset.name=fmnist", "dataset.train_fraction=0.1", "model.name=simplecnn"]
-
-
-def _flower_cli(
-    out: Path, env_dir: Path, data: list[str] = SMALL, rounds: int = 500, resume: bool = False
-) -> subprocess.Popen:
-    env = {**os.environ, "FLWR_HOME": str(env_dir / "flwr-home"), "RAY_TMPDIR": str(env_dir / "ray")}
-    argv = ["run", "--quiet", "backend=flower", *data, "clients=2", f"rounds={rounds}", f"output_dir={out}"]
-    if resume:
-        argv = ["run", "--quiet", "--resume", str(out)]
-    with open(env_dir / "stderr.txt", "wb") as log:  # a file, not a pipe nobody drains while it runs
-        return subprocess.Popen(
-            [sys.executable, "-m", "fedpcd.cli", *argv],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            start_new_session=True,  # a terminal's Ctrl-C would not reach pytest too
-        )
-
-
-def _stderr(env_dir: Path) -> str:
-    return (env_dir / "stderr.txt").read_text(errors="replace")[-2000:]
-
-
-def _run_until_rounds(proc: subprocess.Popen, out: Path, rounds: int, timeout: float) -> set[procs.Proc]:
-    """Wait until ``rounds`` rounds are written; returns every process seen descending from ``proc``."""
-    seen: set[procs.Proc] = set()
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and proc.poll() is None:
-        seen |= procs.descendants(proc.pid)
-        metrics = out / "metrics.jsonl"
-        if metrics.exists() and metrics.read_text().count("\n") >= rounds:
-            return seen | procs.descendants(proc.pid)
-        time.sleep(0.2)
-    proc.kill()
-    pytest.fail(f"the Flower run did not reach round {rounds}: {_stderr(out.parent)}")
-
-
-@pytest.mark.slow
-@requires_fmnist
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ctrl_c_and_sigterm_stop_a_flower_run_promptly(flower_tmp_env, sig):
-    """Acceptance: Ctrl-C (or SIGTERM) stops a Flower simulation on real data within 10 s with one line;
-    Ray's processes are gone, the rounds written so far stay valid (the driver used to hang at exit,
-    joining Flower's message workers stuck in ray.get)."""
-    out = flower_tmp_env / "run"
-    proc = _flower_cli(out, flower_tmp_env, REAL_DATA)
-    seen = _run_until_rounds(proc, out, 2, timeout=240)
-    assert len(seen) >= 3  # Ray ran
-    t0 = time.monotonic()
-    proc.send_signal(sig)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the Flower run did not stop within 60 s of the signal")
-    assert time.monotonic() - t0 < 10
-    assert proc.returncode == (130 if sig == signal.SIGINT else 15), _stderr(flower_tmp_env)
-    assert _stderr(flower_tmp_env).strip().splitlines()[-1].startswith("fedpcd: interrupted (")
-    assert "Traceback" not in _stderr(flower_tmp_env)
-    assert not [p for p in seen if procs.alive(p)]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == list(range(1, len(rows) + 1))
-
-
-@pytest.mark.slow
-def test_a_sigkilled_flower_run_leaves_no_ray_process_and_resumes_on_flower(flower_tmp_env):
-    """A SIGKILLed run cannot clean up: its watchdog stops what Ray left (its agents kept listening).
-    ``fedpcd run --resume`` then continues it on Flower (SCAFFOLD: the clients' control variates come back
-    from the checkpoint) to the metrics of an uninterrupted run (the local backend's, bitwise equal)."""
-    out = flower_tmp_env / "run"
-    data = [*SMALL, "algorithm.name=scaffold", "seed=5"]
-    proc = _flower_cli(out, flower_tmp_env, data, rounds=5)
-    seen = _run_until_rounds(proc, out, 2, timeout=240)
-    proc.kill()
-    proc.wait()
-    end = time.monotonic() + 30
-    while time.monotonic() < end and [p for p in seen if procs.alive(p)]:
-        time.sleep(0.5)
-    assert not [p for p in seen if procs.alive(p)], "processes left after SIGKILL"
-    assert not (out / "summary.json").exists()
-    resumed = _flower_cli(out, flower_tmp_env, resume=True)
-    assert resumed.wait(timeout=240) == 0, _stderr(flower_tmp_env)
-    local = flower_tmp_env / "local"
-    args = [*data, "clients=2", "rounds=5", f"output_dir={local}"]
-    run_local(load_config(None, args), progress=False)
-    _assert_same_run(local, out)
