@@ -29,10 +29,11 @@ install: $(PY)
 demo: install
 	fedpcd demo
 
-# the suite's files spread over the cores (a file's tests share one worker: its module fixtures run once)
+# the suite's files spread over the cores (a file's tests share one worker: its module fixtures run once),
+# in collection order: tests/conftest.py puts the files with slow tests first
 test: install
 	ruff check src tests benchmarks
-	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile
+	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 bench: install
 	$(PY) benchmarks/throughput.py

@@ -66,3 +66,10 @@ def assert_same_backend_run(local: Path, flower: Path) -> None:
     assert (local / "partition.json").read_text() == (flower / "partition.json").read_text()
     cl = (local / "config.yaml").read_text().replace("backend: local", "backend: flower")
     assert cl.replace(str(local), "OUT") == (flower / "config.yaml").read_text().replace(str(flower), "OUT")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with slow tests first (stable order otherwise), so that `make test`'s workers start them
+    early instead of ending on one long file."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
