@@ -18,6 +18,7 @@ on running in one process. Client state holds only what is personal (None for Fe
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -304,28 +305,6 @@ def train_loop(
     so the steps, are the same.
     """
     params = [p for p in algorithm.trainable_parameters(model, work) if p.requires_grad]
-    trained = {id(p) for p in params}
-    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in trained]
-    for p in frozen:
-        p.requires_grad_(False)
-    try:
-        return _train_epochs(algorithm, model, data, work, params, epochs, lr, plain_sgd)
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
-
-
-def _train_epochs(
-    algorithm: FedAvg,
-    model: nn.Module,
-    data: ClientData,
-    work: LocalWork,
-    params: list[nn.Parameter],
-    epochs: int | None,
-    lr: float | None,
-    plain_sgd: bool,
-) -> float:
-    """``train_loop``'s epochs over ``params`` (the others frozen)."""
     cfg = algorithm.ctx.local
     if lr is None:
         lr = round_lr(cfg, work.round)
@@ -335,21 +314,36 @@ def _train_epochs(
     model.train()
     total = torch.zeros((), device=next(model.parameters()).device)
     seen = 0
-    for _ in range(cfg.epochs if epochs is None else epochs):
-        for batch in data.batches(cfg.batch_size, work.rng):
-            loss = algorithm.loss(model, batch, work)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if correcting:
-                _correct_grads(algorithm, model, work)
-            if cfg.grad_clip is not None:
-                nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            work.steps += 1
-            n = len(batch[1])
-            total += loss.detach() * n
-            seen += n
+    with _frozen_except(model, params):
+        for _ in range(cfg.epochs if epochs is None else epochs):
+            for batch in data.batches(cfg.batch_size, work.rng):
+                loss = algorithm.loss(model, batch, work)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if correcting:
+                    _correct_grads(algorithm, model, work)
+                if cfg.grad_clip is not None:
+                    nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                opt.step()
+                work.steps += 1
+                n = len(batch[1])
+                total += loss.detach() * n
+                seen += n
     return float(total) / max(seen, 1)
+
+
+@contextlib.contextmanager
+def _frozen_except(model: nn.Module, params: list[nn.Parameter]) -> Iterator[None]:
+    """The model's parameters outside ``params`` with ``requires_grad=False`` for the block, then restored."""
+    kept = {id(p) for p in params}
+    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in kept]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
 
 
 def _correct_grads(algorithm: FedAvg, model: nn.Module, work: LocalWork) -> None:
