@@ -42,6 +42,22 @@ def tiny_client(labels: torch.Tensor, num_classes: int, seed: int, cid: int = 0,
     )
 
 
+def tiny_mlp(hidden: int = 8):
+    """The unit tests' 3-class MLP on 1x2x2 inputs (``tiny_client``'s), same initial weights each call."""
+    from fedpcd.models import build_model
+
+    torch.manual_seed(0)
+    return build_model("mlp", 1, 3, 2, hidden=hidden)
+
+
+def local_work(payload, state=None, seed: int | None = None, **values):
+    """A client update's work (round 1) with ``values`` as working values."""
+    from fedpcd.algorithms import LocalWork
+
+    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
+    return LocalWork(payload, state, rng, **values)
+
+
 def run_records(run_dir: Path) -> list[dict]:
     """A run's metrics.jsonl records without their wall-clock times (which differ between equal runs)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

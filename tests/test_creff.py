@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import tiny_client
+from conftest import local_work, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import weighted_average
 from fedpcd.algorithms.creff import (
@@ -37,12 +37,6 @@ CTX = Context(
     seed=0,
     local=LocalTraining(epochs=1, batch_size=4, lr=0.1, momentum=0.0, weight_decay=0.0),
 )
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _alg(name: str = "creff", **params):
@@ -220,7 +214,7 @@ def test_reply_carries_gradients_only_for_held_classes_and_fedavg_training_is_un
     fed_reply, _ = fedavg.local_update(_model(), data, LocalWork({"model": payload["model"]}, None, _rng()))
     assert fed_reply.keys() <= reply.keys() and fed_reply["train_loss"] == reply["train_loss"]
     assert all(torch.equal(fed_reply["model"][k], v) for k, v in reply["model"].items())
-    personal = alg.personal_predictor(model, _work(payload, state))
+    personal = alg.personal_predictor(model, local_work(payload, state))
     assert state is None and all(torch.equal(personal.state_dict()[k], v) for k, v in reply["model"].items())
 
 

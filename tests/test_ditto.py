@@ -10,33 +10,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_client
+from conftest import local_work, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import ditto as ditto_module
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
-from fedpcd.models import build_model
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 LOCAL = LocalTraining(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-3)
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _alg(name: str = "ditto", **params):
     alg = build_algorithm(name, params)
     alg.setup(Context(num_clients=3, num_classes=3, rounds=2, seed=0, local=LOCAL))
     return alg
-
-
-def _model():
-    torch.manual_seed(0)
-    return build_model("mlp", 1, 3, 2, hidden=8)
 
 
 def _client(k: int = 0) -> ClientData:
@@ -62,11 +50,11 @@ def test_defaults():
 
 
 def test_proximal_loss_value_and_gradient_by_hand():
-    alg, model = _alg(lam=0.5), _model()
+    alg, model = _alg(lam=0.5), tiny_mlp()
     data = _client()
     batch = (data.x, data.y)
     anchor = _shifted(model, 0.1)  # every parameter 0.1 away from the anchor
-    loss = alg.loss(model, batch, _work({"anchor": anchor}))
+    loss = alg.loss(model, batch, local_work({"anchor": anchor}))
     n_params = sum(p.numel() for p in model.parameters())
     ce = F.cross_entropy(model(data.x), data.y)
     torch.testing.assert_close(loss, ce + 0.5 / 2 * n_params * 0.01)
@@ -79,16 +67,16 @@ def test_proximal_loss_value_and_gradient_by_hand():
 
 
 def test_global_part_uses_plain_cross_entropy():
-    alg, model = _alg(), _model()
+    alg, model = _alg(), tiny_mlp()
     data = _client()
     payload = {"model": _shifted(model, 1.0)}
     torch.testing.assert_close(
-        alg.loss(model, (data.x, data.y), _work(payload)), F.cross_entropy(model(data.x), data.y)
+        alg.loss(model, (data.x, data.y), local_work(payload)), F.cross_entropy(model(data.x), data.y)
     )
 
 
 def test_replies_equal_fedavg_and_personal_model_is_the_state():
-    ditto, fedavg, model = _alg(), _alg("fedavg"), _model()
+    ditto, fedavg, model = _alg(), _alg("fedavg"), tiny_mlp()
     server = fedavg.init_server(model)
     initial = dict(server["model"])
     payload = fedavg.payload_for(server, 0)
@@ -99,7 +87,7 @@ def test_replies_equal_fedavg_and_personal_model_is_the_state():
     assert _equal(r_ditto["model"], r_avg["model"]) and r_ditto["train_loss"] == r_avg["train_loss"]
     assert set(state) == set(model.state_dict()) and not _equal(state, r_ditto["model"])
     model.load_state_dict(initial)
-    assert _equal(ditto.personal_predictor(model, _work(payload, state)).state_dict(), state)
+    assert _equal(ditto.personal_predictor(model, local_work(payload, state)).state_dict(), state)
     assert _equal(ditto.aggregate(ditto.init_server(model), [r_ditto])["model"], r_avg["model"])
 
 
@@ -120,7 +108,7 @@ def _personal_start(monkeypatch, alg, model, payload, state) -> dict:
 
 @pytest.mark.parametrize("init", ["global", "initial"])
 def test_personal_model_starts_from_global_or_initial_then_from_the_state(monkeypatch, init):
-    alg, model = _alg(personal_init=init), _model()
+    alg, model = _alg(personal_init=init), tiny_mlp()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     payload = {"model": _shifted(model, 0.5)}  # a later round's global model, not the initial one
     start = _personal_start(monkeypatch, alg, model, payload, None)
@@ -131,7 +119,7 @@ def test_personal_model_starts_from_global_or_initial_then_from_the_state(monkey
 
 @pytest.mark.parametrize("anchor", ["global", "local"])
 def test_anchor_is_the_received_or_the_local_model(monkeypatch, anchor):
-    alg, model = _alg(anchor=anchor), _model()
+    alg, model = _alg(anchor=anchor), tiny_mlp()
     payload = {"model": _shifted(model, 0.5)}
     anchors: list[dict] = []
     real = type(alg).loss
@@ -149,7 +137,7 @@ def test_anchor_is_the_received_or_the_local_model(monkeypatch, anchor):
 
 @pytest.mark.parametrize(("option", "momentum", "wd"), [("sgd", 0.0, 0.0), ("local", 0.9, 1e-3)])
 def test_personal_optimiser_settings(monkeypatch, option, momentum, wd):
-    alg, model = _alg(personal_optimizer=option), _model()
+    alg, model = _alg(personal_optimizer=option), tiny_mlp()
     seen: list[tuple[float, float, float]] = []
     real = torch.optim.SGD
 
@@ -166,7 +154,7 @@ def test_personal_sgd_step_is_algorithm_1():
     """One batch, one epoch: v <- v - eta (grad F(v) + lambda (v - w))."""
     alg = build_algorithm("ditto", {"lam": 2.0})
     alg.setup(Context(3, 3, 1, 0, LocalTraining(epochs=1, batch_size=64, lr=0.05)))
-    model, data = _model(), _client()
+    model, data = tiny_mlp(), _client()
     payload = {"model": _shifted(model, 0.2)}
     v0 = _shifted(model, -0.1)
     _, state = alg.local_update(model, data, LocalWork(payload, v0, _rng()))

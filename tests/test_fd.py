@@ -10,22 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_client
+from conftest import local_work, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fd import FD, logit_kl
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
-from fedpcd.models import build_model
 
 HETERO = ["dataset.name=synthetic16", "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]", "local.batch_size=32"]
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _alg(name: str = "fd", **params):
@@ -33,11 +26,6 @@ def _alg(name: str = "fd", **params):
     local = LocalTraining(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-3)
     alg.setup(Context(num_clients=3, num_classes=3, rounds=2, seed=0, local=local))
     return alg
-
-
-def _model():
-    torch.manual_seed(0)
-    return build_model("mlp", 1, 3, 2, hidden=8)
 
 
 def _client(labels: list[int] | None = None) -> ClientData:
@@ -56,10 +44,10 @@ def test_defaults_and_flags():
 
 
 def test_mse_distillation_loss_by_hand():
-    alg, model, data = _alg(gamma=0.5), _model(), _client()
+    alg, model, data = _alg(gamma=0.5), tiny_mlp(), _client()
     targets = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [9.0, 9.0, 9.0]])
     payload = {"logits": targets, "known": torch.tensor([True, True, False])}
-    loss = alg.loss(model, (data.x, data.y), _work(payload))
+    loss = alg.loss(model, (data.x, data.y), local_work(payload))
     out = model(data.x)
     held = data.y != 2  # class 2 has no global logits: adds 0, counts in the mean
     mse = ((out - targets[data.y]) ** 2 * held[:, None]).sum() / out.numel()
@@ -82,7 +70,7 @@ def test_kl_distillation_by_hand():
 
 
 def test_before_any_upload_the_loss_is_cross_entropy():
-    alg, model, data = _alg(distill="kl"), _model(), _client()
+    alg, model, data = _alg(distill="kl"), tiny_mlp(), _client()
     payload = alg.payload_for(alg.init_server(model), 0)
     assert (
         set(payload) == {"logits", "known"}
@@ -90,7 +78,7 @@ def test_before_any_upload_the_loss_is_cross_entropy():
         and not payload["known"].any()
     )
     torch.testing.assert_close(
-        alg.loss(model, (data.x, data.y), _work(payload)), F.cross_entropy(model(data.x), data.y)
+        alg.loss(model, (data.x, data.y), local_work(payload)), F.cross_entropy(model(data.x), data.y)
     )
 
 
@@ -106,7 +94,7 @@ def _reply(classes, means, counts):
 
 @pytest.mark.parametrize("weighting", ["uniform", "samples"])
 def test_server_averages_logits_per_class_and_keeps_unreported(weighting):
-    alg, model = _alg(weighting=weighting), _model()
+    alg, model = _alg(weighting=weighting), tiny_mlp()
     server = alg.init_server(model)
     server["logits"][2] = torch.tensor([7.0, 7.0, 7.0])
     server = alg.aggregate(
@@ -120,7 +108,7 @@ def test_server_averages_logits_per_class_and_keeps_unreported(weighting):
 
 
 def test_reply_is_the_held_classes_mean_logits_and_no_weights():
-    alg, model = _alg(), _model()
+    alg, model = _alg(), tiny_mlp()
     data = _client([0, 0, 2, 2, 2])
     reply, state = alg.local_update(
         model, data, LocalWork(alg.payload_for(alg.init_server(model), 0), None, _rng())
@@ -133,30 +121,30 @@ def test_reply_is_the_held_classes_mean_logits_and_no_weights():
     with torch.no_grad():
         out = model(data.x)
     torch.testing.assert_close(reply["class_means"], torch.stack([out[:2].mean(0), out[2:].mean(0)]))
-    assert alg.personal_predictor(_model(), _work({}, state))(data.x).shape == (5, 3)
+    assert alg.personal_predictor(tiny_mlp(), local_work({}, state))(data.x).shape == (5, 3)
 
 
 def test_gamma_zero_is_local_training_exactly():
     fd, local, data = _alg(gamma=0.0), _alg("local"), _client()
     payload = {"logits": torch.randn(3, 3, generator=_rng(3)), "known": torch.ones(3, dtype=torch.bool)}
-    _, s_fd = fd.local_update(_model(), data, LocalWork(payload, None, _rng()))
+    _, s_fd = fd.local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
     _, s_local = local.local_update(
-        _model(), data, LocalWork(local.payload_for(local.init_server(_model()), 0), None, _rng())
+        tiny_mlp(), data, LocalWork(local.payload_for(local.init_server(tiny_mlp()), 0), None, _rng())
     )
     assert s_fd["model"].keys() == s_local.keys()
     assert all(torch.equal(s_fd["model"][k], s_local[k]) for k in s_local)
     _, s_fd2 = fd.local_update(
-        _model(), data, LocalWork(payload, s_fd, _rng(2))
+        tiny_mlp(), data, LocalWork(payload, s_fd, _rng(2))
     )  # later rounds: the own model
-    _, s_local2 = local.local_update(_model(), data, LocalWork({"model": {}}, s_local, _rng(2)))
+    _, s_local2 = local.local_update(tiny_mlp(), data, LocalWork({"model": {}}, s_local, _rng(2)))
     assert all(torch.equal(s_fd2["model"][k], s_local2[k]) for k in s_local2)
 
 
 def test_distillation_changes_training_when_gamma_positive():
     data = _client()
     payload = {"logits": torch.full((3, 3), 5.0), "known": torch.ones(3, dtype=torch.bool)}
-    _, a = _alg(gamma=0.0).local_update(_model(), data, LocalWork(payload, None, _rng()))
-    _, b = _alg(gamma=1.0).local_update(_model(), data, LocalWork(payload, None, _rng()))
+    _, a = _alg(gamma=0.0).local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
+    _, b = _alg(gamma=1.0).local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
     assert not torch.equal(a["model"]["fc1.weight"], b["model"]["fc1.weight"])
 
 

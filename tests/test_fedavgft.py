@@ -9,21 +9,14 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_client
+from conftest import local_work, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import fedavg as fedavg_module
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
-from fedpcd.models import build_model
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _alg(name: str = "fedavg_ft", **params):
@@ -31,11 +24,6 @@ def _alg(name: str = "fedavg_ft", **params):
     local = LocalTraining(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=0.0)
     alg.setup(Context(num_clients=3, num_classes=3, rounds=2, seed=0, local=local))
     return alg
-
-
-def _model():
-    torch.manual_seed(0)
-    return build_model("mlp", 1, 3, 2, hidden=8)
 
 
 def _client() -> ClientData:
@@ -52,9 +40,9 @@ def _equal(a: dict, b: dict) -> bool:
 
 def _update(alg, payload: dict) -> tuple[dict, object, dict]:
     """(reply, state, personal model's weights) of one local update from the seeded model."""
-    model = _model()
+    model = tiny_mlp()
     reply, state = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
-    personal = alg.personal_predictor(model, _work(payload, state))
+    personal = alg.personal_predictor(model, local_work(payload, state))
     return reply, state, {k: v.clone() for k, v in personal.state_dict().items()}
 
 
@@ -64,7 +52,7 @@ def test_defaults_follow_the_fedgela_protocol():
 
 
 def test_reply_is_fedavgs_and_the_personal_model_is_finetuned():
-    payload = build_algorithm("fedavg").init_server(_model())
+    payload = build_algorithm("fedavg").init_server(tiny_mlp())
     r_avg, s_avg, pm_avg = _update(_alg("fedavg"), payload)
     r_ft, s_ft, pm_ft = _update(_alg(), payload)
     assert s_avg is None and s_ft is None
@@ -76,7 +64,7 @@ def test_reply_is_fedavgs_and_the_personal_model_is_finetuned():
 
 @pytest.mark.parametrize("source", ["global", "local"])
 def test_finetuning_starts_from_the_received_global_or_the_local_model(source):
-    payload = build_algorithm("fedavg").init_server(_model())
+    payload = build_algorithm("fedavg").init_server(tiny_mlp())
     reply, _, personal = _update(_alg(finetune_epochs=0, finetune_from=source), payload)
     assert _equal(personal, payload["model"] if source == "global" else reply["model"])
 
@@ -91,7 +79,7 @@ def test_finetuning_epochs_and_lr(monkeypatch):
         return real(*args, epochs=epochs, lr=lr)
 
     monkeypatch.setattr(fedavg_module, "train_loop", spy)
-    _update(alg, build_algorithm("fedavg").init_server(_model()))
+    _update(alg, build_algorithm("fedavg").init_server(tiny_mlp()))
     assert calls == [(None, None), (3, 0.5)]  # FedAvg's local epochs, then the fine-tuning
 
 

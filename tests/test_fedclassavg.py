@@ -9,21 +9,15 @@ import math
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_client
+from conftest import local_work, tiny_client, tiny_mlp
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedclassavg import FedClassAvg, classifier_proximal, supcon_loss
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
-from fedpcd.models import build_model, head_keys
+from fedpcd.models import head_keys
 
 HETERO = ["dataset.name=synthetic16", "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]", "local.batch_size=32"]
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _alg(name: str = "fedclassavg", **params):
@@ -31,11 +25,6 @@ def _alg(name: str = "fedclassavg", **params):
     local = LocalTraining(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-3)
     alg.setup(Context(num_clients=3, num_classes=3, rounds=2, seed=0, local=local))
     return alg
-
-
-def _model():
-    torch.manual_seed(0)
-    return build_model("mlp", 1, 3, 2, hidden=8)
 
 
 def _client():
@@ -95,7 +84,7 @@ def test_supcon_with_several_positives_and_none():
 
 
 def test_classifier_proximal_by_hand():
-    model = _model()
+    model = tiny_mlp()
     ref = {k: v.detach() + 0.5 for k, v in model.state_dict().items() if k in head_keys(model)}
     w, b = model.head.weight, model.head.bias
     torch.testing.assert_close(
@@ -107,9 +96,9 @@ def test_classifier_proximal_by_hand():
 
 
 def test_local_objective_by_hand():
-    alg, model, data = _alg(rho=0.4, prox="norm", lam=0.3, tau=0.2), _model(), _client()
+    alg, model, data = _alg(rho=0.4, prox="norm", lam=0.3, tau=0.2), tiny_mlp(), _client()
     head = {k: v.detach() - 0.1 for k, v in model.state_dict().items() if k in head_keys(model)}
-    loss = alg.loss(model, (data.x, data.y), _work({"model": head}))
+    loss = alg.loss(model, (data.x, data.y), local_work({"model": head}))
     z = model.features(data.x)
     n_head = sum(v.numel() for v in head.values())
     expect = F.cross_entropy(model.head(z), data.y) + 0.2 * 0.01 * n_head + 0.3 * supcon_loss(z, data.y, 0.2)
@@ -119,16 +108,16 @@ def test_local_objective_by_hand():
 def test_zero_weights_reduce_to_lgfedavg_exactly():
     data = _client()
     fca, lg = _alg(rho=0.0, lam=0.0), _alg("lgfedavg")
-    server = lg.init_server(_model())
+    server = lg.init_server(tiny_mlp())
     payload = lg.payload_for(server, 0)
-    r_a, s_a = fca.local_update(_model(), data, LocalWork(payload, None, _rng()))
-    r_b, s_b = lg.local_update(_model(), data, LocalWork(payload, None, _rng()))
+    r_a, s_a = fca.local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
+    r_b, s_b = lg.local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
     assert (
-        r_a["model"].keys() == r_b["model"].keys() == set(head_keys(_model()))
+        r_a["model"].keys() == r_b["model"].keys() == set(head_keys(tiny_mlp()))
     )  # only the classifier travels
     assert all(torch.equal(r_a["model"][k], r_b["model"][k]) for k in r_b["model"])
     assert all(torch.equal(s_a[k], s_b[k]) for k in s_b)
-    r_c, _ = _alg().local_update(_model(), data, LocalWork(payload, None, _rng()))
+    r_c, _ = _alg().local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
     assert not torch.equal(r_c["model"]["head.weight"], r_b["model"]["head.weight"])  # the terms act
 
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import local_work
 from fedpcd.algorithms import ALGORITHMS, Context, LocalWork, build_algorithm
 from fedpcd.algorithms.base import ClientData, weighted_average
 from fedpcd.algorithms.fedgela import FedGE, FedGELA, adaptation, simplex_etf
@@ -20,12 +21,6 @@ from fedpcd.errors import UserError
 from fedpcd.models import FedModel, backbone_keys, head_keys
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _etf(d: int, c: int, seed: int = 0) -> torch.Tensor:
@@ -168,7 +163,7 @@ def _hand_loss(softmax: str, cls: type = FedGELA) -> float:
     y = torch.tensor([1, 1])
     phi, present = algo.local_adaptation(torch.tensor([2, 2, 0]))
     state = {"phi": phi, "present": present}
-    return float(algo.loss(model, (x, y), _work({"etf": M_HAND, "proj": {}}, state)).detach())
+    return float(algo.loss(model, (x, y), local_work({"etf": M_HAND, "proj": {}}, state)).detach())
 
 
 def test_loss_matches_hand_computation_for_both_softmax_variants():
@@ -194,7 +189,9 @@ def test_local_and_all_softmax_agree_when_the_client_holds_every_class():
     state = dict(zip(("phi", "present"), FedGELA().local_adaptation(torch.tensor([5, 1, 2])), strict=True))
     losses = [
         float(
-            _algorithm(softmax=s).loss(model, (x, y), _work({"etf": m.float(), "proj": {}}, state)).detach()
+            _algorithm(softmax=s)
+            .loss(model, (x, y), local_work({"etf": m.float(), "proj": {}}, state))
+            .detach()
         )
         for s in ("local", "all")
     ]
@@ -215,11 +212,11 @@ def test_classifier_is_fixed_and_no_head_weights_travel(tmp_path):
     head_before = {k: v.clone() for k, v in model.state_dict().items() if k in heads}
     backbone_before = {k: v.clone() for k, v in payload["model"].items()}
 
-    trainable = list(algo.trainable_parameters(model, _work(payload)))
+    trainable = list(algo.trainable_parameters(model, local_work(payload)))
     assert all(p is not model.head.weight and p is not model.head.bias for p in trainable)
     assert all(p.data_ptr() != payload["etf"].data_ptr() for p in trainable)
 
-    reply, state = algo.local_update(model, fed.clients[0], _work(payload, seed=0))
+    reply, state = algo.local_update(model, fed.clients[0], local_work(payload, seed=0))
     assert torch.equal(payload["etf"], etf_before) and not payload["etf"].requires_grad
     assert payload["etf"].grad is None
     assert all(torch.equal(model.state_dict()[k], v) for k, v in head_before.items())  # head untouched
@@ -267,7 +264,9 @@ def test_personal_prediction_never_picks_a_missing_class():
     x = -(m[:, 1] + m[:, 3]).repeat(5, 1) + 0.01 * torch.randn(5, 6)
     z_code = algo.scale * (F.normalize(x, dim=1) @ m) * phi  # the official code's personal logits
     assert set(z_code.argmax(1).tolist()) & {0, 2}  # ... which do pick a missing class here
-    predict = algo.personal_predictor(model, _work({"etf": m, "proj": {}}, {"phi": phi, "present": present}))
+    predict = algo.personal_predictor(
+        model, local_work({"etf": m, "proj": {}}, {"phi": phi, "present": present})
+    )
     assert set(predict(x).argmax(1).tolist()) <= {1, 3}
 
 
@@ -275,10 +274,12 @@ def test_personal_and_global_prediction_after_training(tmp_path):
     fed, algo, model = _federation(tmp_path, "partition.classes_per_client=2")
     server = algo.init_server(model)
     client = fed.clients[1]
-    _, state = algo.local_update(model, client, _work(algo.payload_for(server, 1), seed=1))
+    _, state = algo.local_update(model, client, local_work(algo.payload_for(server, 1), seed=1))
     held = set(torch.nonzero(client.label_counts).flatten().tolist())
     assert len(held) == 2
-    pred = algo.personal_predictor(model, _work(algo.payload_for(server, 1), state))(client.test_x).argmax(1)
+    pred = algo.personal_predictor(model, local_work(algo.payload_for(server, 1), state))(
+        client.test_x
+    ).argmax(1)
     assert set(pred.tolist()) <= held
     glob = algo.global_predictor(model, server)(client.test_x)
     assert glob.shape == (len(client.test_x), 10) and torch.isfinite(glob).all()
@@ -316,7 +317,7 @@ def test_projection_and_batchnorm_are_trained_sent_and_averaged(tmp_path):
     }  # fmt: skip
     payload = algo.payload_for(server, 0)
     before = {k: v.clone() for k, v in server["proj"].items()}
-    reply, state = algo.local_update(model, fed.clients[0], _work(payload, seed=0))
+    reply, state = algo.local_update(model, fed.clients[0], local_work(payload, seed=0))
     assert all(not torch.equal(reply["proj"][k], before[k]) for k in before)  # all trained / updated
     assert all(torch.equal(payload["proj"][k], before[k]) for k in before)  # the payload is untouched
     assert torch.equal(state["proj"]["fc1.weight"], reply["proj"]["fc1.weight"])
@@ -349,7 +350,7 @@ def test_empty_client_trains_nothing_and_weighs_nothing():
     )
     model = Identity(3, 3)
     payload = {"model": {"scale": torch.ones(())}, "etf": _etf(3, 3).float(), "proj": {}}
-    reply, _ = algo.local_update(model, data, _work(payload, seed=0))
+    reply, _ = algo.local_update(model, data, local_work(payload, seed=0))
     assert reply["num_samples"] == 0 and reply["weight"] == 0.0
 
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_client
-from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
+from conftest import local_work, tiny_client
+from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
 from fedpcd.algorithms.base import aggregate_prototypes, raw_class_means
 from fedpcd.algorithms.fedmr import inter_class_loss, intra_class_loss, negative_mask
 from fedpcd.config import load_config
@@ -18,12 +18,6 @@ from fedpcd.models import build_model
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=32"]
 F64 = torch.float64
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _fedmr(num_classes: int = 3, num_clients: int = 2, **params):
@@ -235,7 +229,7 @@ def test_first_round_sends_no_prototypes_and_submitters_are_fixed():
     data = _client([0, 0, 1, 1, 2, 2])
     replies = []
     for k in (int(server["submitters"].int().argmax()), int((~server["submitters"]).int().argmax())):
-        reply, _ = alg.local_update(model, data, _work(alg.payload_for(server, k), seed=k))
+        reply, _ = alg.local_update(model, data, local_work(alg.payload_for(server, k), seed=k))
         replies.append(reply)
     assert "class_means" in replies[0] and "class_means" not in replies[1]
     assert replies[0]["class_means"].shape == (3, model.feature_dim)
@@ -257,14 +251,14 @@ def test_lite_uses_n_samples_per_batch():
     alg = _fedmr(mu1=0.0, mu2=1.0, lite_samples=2)
     local = data.label_counts > 0
     batch = (data.x, data.y)
-    got = alg.loss(model, batch, _work(payload, local=local, lite_rng=torch.Generator().manual_seed(5)))
+    got = alg.loss(model, batch, local_work(payload, local=local, lite_rng=torch.Generator().manual_seed(5)))
     pick = torch.randperm(6, generator=torch.Generator().manual_seed(5))[:2]
     z = model.features(data.x)
     ce = torch.nn.functional.cross_entropy(model.head(z), data.y)
     neg = negative_mask(known, local, "local")
     torch.testing.assert_close(got, ce + inter_class_loss(z[pick], data.y[pick], protos, neg))
     big = _fedmr(mu1=0.0, mu2=1.0, lite_samples=64)  # n >= batch: all samples
-    work = _work(payload, local=local, lite_rng=torch.Generator())
+    work = local_work(payload, local=local, lite_rng=torch.Generator())
     torch.testing.assert_close(big.loss(model, batch, work), ce + inter_class_loss(z, data.y, protos, neg))
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_client
-from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
+from conftest import local_work, tiny_client
+from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
 from fedpcd.algorithms.fednh import (
     class_feature_means,
     cosine_logits,
@@ -24,12 +24,6 @@ from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys, build_model, head_keys
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _fednh(num_classes: int = 3, seed: int = 0, epochs: int = 2, **params):
@@ -149,7 +143,7 @@ def test_prototypes_are_not_in_the_optimizer_and_unchanged_by_local_training(mon
         return real_sgd(params, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim, "SGD", spy)
-    work = _work(payload, seed=0)
+    work = local_work(payload, seed=0)
     reply, _ = alg.local_update(model, _client(), work)
 
     (params,) = captured
@@ -169,7 +163,7 @@ def test_fixed_scale_is_not_trained():
     model = build_model("mlp", 1, 3, 2, hidden=8)
     alg = _fednh(learn_scale=False, scale_init=30.0)
     server = alg.init_server(model)
-    work = _work(alg.payload_for(server, 0))
+    work = local_work(alg.payload_for(server, 0))
     reply, _ = alg.local_update(model, _client(), work)
     params = list(alg.trainable_parameters(model, work))
     assert float(reply["scale"]) == 30.0 and all(p is not work.scale for p in params)
@@ -191,7 +185,7 @@ def test_reply_carries_what_each_weighting_needs():
     for weighting, keys in [("count_code", {"class_counts"}), ("uniform_paper", set())]:
         alg = _fednh(num_classes=4, epochs=1, proto_weighting=weighting)
         payload = alg.payload_for(alg.init_server(model), 0)
-        reply, _ = alg.local_update(model, data, _work(payload))
+        reply, _ = alg.local_update(model, data, local_work(payload))
         assert reply["classes"].tolist() == [1, 3]
         assert reply["class_means"].shape == (2, 6)
         assert {"class_counts"} & set(reply) == keys
@@ -292,7 +286,7 @@ def test_personal_predictor_uses_the_prototypes_it_trained_against():
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
     data = _client()
-    work = _work(payload)
+    work = local_work(payload)
     reply, _ = alg.local_update(model, data, work)
     personal = alg.personal_predictor(model, work)
     server = alg.aggregate(server, [reply])

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_client
+from conftest import local_work, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fedproto import FedProto, NearestPrototype, prototype_mse
@@ -26,22 +26,11 @@ SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.b
 HETERO = ["dataset.name=synthetic16", "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]", "local.batch_size=32"]
 
 
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
-
-
 def _alg(num_classes: int = 3, seed: int = 0, **params) -> FedProto:
     alg = build_algorithm("fedproto", params)
     local = LocalTraining(epochs=1, batch_size=4, lr=0.1, momentum=0.0, weight_decay=0.0)
     alg.setup(Context(num_clients=3, num_classes=num_classes, rounds=2, seed=seed, local=local))
     return alg
-
-
-def _model(hidden: int = 8):
-    torch.manual_seed(0)
-    return build_model("mlp", 1, 3, 2, hidden=hidden)
 
 
 def _client(labels: list[int] | None = None) -> ClientData:
@@ -78,21 +67,21 @@ def test_prototype_mse_value_and_gradient_by_hand():
 
 
 def test_local_loss_is_ce_plus_lambda_mse_by_hand():
-    alg, model, data = _alg(lam=0.3), _model(), _client()
+    alg, model, data = _alg(lam=0.3), tiny_mlp(), _client()
     protos = torch.rand(3, model.feature_dim, generator=_rng())
     payload = {"prototypes": protos, "known": torch.ones(3, dtype=torch.bool)}
-    loss = alg.loss(model, (data.x, data.y), _work(payload))
+    loss = alg.loss(model, (data.x, data.y), local_work(payload))
     z = model.features(data.x)
     expect = F.cross_entropy(model.head(z), data.y) + 0.3 * F.mse_loss(z, protos[data.y])
     torch.testing.assert_close(loss, expect)
 
 
 def test_without_global_prototypes_the_loss_is_cross_entropy():
-    alg, model, data = _alg(init="none"), _model(), _client()
+    alg, model, data = _alg(init="none"), tiny_mlp(), _client()
     payload = alg.payload_for(alg.init_server(model), 0)
     assert not payload["known"].any()
     torch.testing.assert_close(
-        alg.loss(model, (data.x, data.y), _work(payload)), F.cross_entropy(model(data.x), data.y)
+        alg.loss(model, (data.x, data.y), local_work(payload)), F.cross_entropy(model(data.x), data.y)
     )
 
 
@@ -128,7 +117,7 @@ def test_server_per_class_mean_by_hand(weighting, init):
 
 
 def test_uniform_initial_prototypes_are_seeded_u01():
-    model = _model(hidden=16)
+    model = tiny_mlp(hidden=16)
     a, b = _alg().init_server(model), _alg().init_server(model)
     assert set(a) == {"prototypes", "known"} and a["prototypes"].shape == (3, 16) and a["known"].all()
     assert torch.equal(a["prototypes"], b["prototypes"])
@@ -143,7 +132,7 @@ def test_uniform_initial_prototypes_are_seeded_u01():
 
 
 def test_reply_carries_only_held_classes_prototypes_and_no_weights():
-    alg, model = _alg(), _model()
+    alg, model = _alg(), tiny_mlp()
     data = _client([0, 0, 2, 2, 2])
     payload = alg.payload_for(alg.init_server(model), 0)
     assert set(payload) == {"prototypes", "known"}
@@ -162,23 +151,23 @@ def test_reply_carries_only_held_classes_prototypes_and_no_weights():
 
 def test_first_participation_trains_the_model_as_delivered_later_the_own_model():
     alg, data = _alg(), _client()
-    payload = alg.payload_for(alg.init_server(_model()), 0)
-    delivered, other = _model(), _model()
+    payload = alg.payload_for(alg.init_server(tiny_mlp()), 0)
+    delivered, other = tiny_mlp(), tiny_mlp()
     with torch.no_grad():
         other.fc1.weight.add_(0.5)  # e.g. another client's weights left in the shared object
     _, s_delivered = alg.local_update(delivered, data, LocalWork(payload, None, _rng()))
     _, s_other = alg.local_update(other, data, LocalWork(payload, None, _rng()))
     assert not _equal(s_delivered["model"], s_other["model"])
-    _, a = alg.local_update(_model(), data, LocalWork(payload, s_delivered, _rng(2)))
+    _, a = alg.local_update(tiny_mlp(), data, LocalWork(payload, s_delivered, _rng(2)))
     _, b = alg.local_update(other, data, LocalWork(payload, s_delivered, _rng(2)))
     assert _equal(a["model"], b["model"])  # later rounds: the own model, whatever the object held
 
 
 def test_a_different_feature_dim_is_a_user_error():
     alg = _alg()
-    payload = alg.payload_for(alg.init_server(_model(hidden=16)), 0)
+    payload = alg.payload_for(alg.init_server(tiny_mlp(hidden=16)), 0)
     with pytest.raises(UserError, match="feature_dim=8"):
-        alg.local_update(_model(hidden=8), _client(), LocalWork(payload, None, _rng()))
+        alg.local_update(tiny_mlp(hidden=8), _client(), LocalWork(payload, None, _rng()))
 
 
 # ----- personal prediction -----
@@ -210,7 +199,7 @@ def test_nearest_prototype_prediction_by_hand(mode, known, own, expect):
     alg, model = _alg(predict=mode), _identity_features_model()
     state = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "classes": torch.tensor(own)}
     payload = {"prototypes": PROTOS, "known": torch.tensor(known)}
-    predictor = alg.personal_predictor(_identity_features_model(), _work(payload, state))
+    predictor = alg.personal_predictor(_identity_features_model(), local_work(payload, state))
     assert isinstance(predictor, NearestPrototype)
     assert predict(predictor, X).tolist() == expect
     with torch.no_grad():
@@ -225,9 +214,9 @@ def test_head_prediction_and_fallback_before_any_prototype():
     model = _identity_features_model()
     state = {"model": dict(model.state_dict()), "classes": torch.tensor([0, 1])}
     payload = {"prototypes": PROTOS, "known": torch.ones(3, dtype=torch.bool)}
-    assert _alg(predict="head").personal_predictor(model, _work(payload, state)) is model
+    assert _alg(predict="head").personal_predictor(model, local_work(payload, state)) is model
     nothing = {"prototypes": torch.zeros(3, 4), "known": torch.zeros(3, dtype=torch.bool)}
-    assert _alg(init="none").personal_predictor(model, _work(nothing, state)) is model
+    assert _alg(init="none").personal_predictor(model, local_work(nothing, state)) is model
 
 
 # ----- end to end -----

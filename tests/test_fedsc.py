@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
+from conftest import local_work
+from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
 from fedpcd.algorithms.fedsc import (
     angle_scores,
     consistent_prototype,
@@ -31,12 +32,6 @@ from fedpcd.errors import UserError
 from fedpcd.models import build_model
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _fedsc(num_classes: int = 3, **params):
@@ -300,7 +295,7 @@ def test_samples_of_classes_without_prototypes_get_cross_entropy_only():
         "known": torch.tensor([True, True, False]),
     }
     x, y = data.x, data.y
-    loss = alg.loss(model, (x, y), _work(payload))
+    loss = alg.loss(model, (x, y), local_work(payload))
     with torch.no_grad():
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)
@@ -312,7 +307,7 @@ def test_samples_of_classes_without_prototypes_get_cross_entropy_only():
     torch.testing.assert_close(loss.detach(), ce + (rp.sum() + cp.sum()) / len(y))
     payload["bank_labels"] = torch.zeros(0, dtype=torch.long)
     payload["bank"] = torch.zeros(0, d)
-    torch.testing.assert_close(alg.loss(model, (x, y), _work(payload)).detach(), ce)  # round 1: CE only
+    torch.testing.assert_close(alg.loss(model, (x, y), local_work(payload)).detach(), ce)  # round 1: CE only
 
 
 def test_compat_official_cpdr_is_zero_and_positive_logit_is_one_over_tau():
@@ -338,7 +333,7 @@ def test_compat_official_cpdr_is_zero_and_positive_logit_is_one_over_tau():
         "consistent": torch.rand(3, model.feature_dim),
         "known": torch.ones(3, dtype=torch.bool),
     }
-    loss = alg.loss(model, (data.x, data.y), _work(payload))
+    loss = alg.loss(model, (data.x, data.y), local_work(payload))
     with torch.no_grad():
         ce = F.cross_entropy(model(data.x), data.y)
     assert (loss - ce).item() == 0.0  # CPDR contributes exactly 0

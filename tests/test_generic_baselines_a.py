@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import local_steps
 from fedpcd.algorithms.fednova import effective_steps
@@ -22,7 +23,6 @@ from fedpcd.algorithms.scaffold import Scaffold, option_two_control
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.errors import UserError
-from fedpcd.models import build_model
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=32"]
 NAMES = ["fedprox", "scaffold", "fednova", "feddyn", "feddc"]
@@ -33,11 +33,6 @@ def _alg(name: str, *, epochs: int = 1, momentum: float = 0.0, clients: int = 2,
     local = LocalTraining(epochs=epochs, batch_size=4, lr=0.1, momentum=momentum, weight_decay=0.0)
     alg.setup(Context(num_clients=clients, num_classes=3, rounds=1, seed=0, local=local))
     return alg
-
-
-def _model():
-    torch.manual_seed(0)
-    return build_model("mlp", 1, 3, 2, hidden=4)
 
 
 def _client(n: int = 10, cid: int = 0) -> ClientData:
@@ -88,7 +83,7 @@ def test_local_steps_is_ceil_n_over_b_times_epochs():
 
 
 def test_fedprox_loss_adds_half_mu_squared_distance():
-    alg, model, data = _alg("fedprox", mu=0.3), _model(), _client()
+    alg, model, data = _alg("fedprox", mu=0.3), tiny_mlp(hidden=4), _client()
     ref = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         for p in model.parameters():
@@ -106,7 +101,7 @@ def test_fedprox_loss_adds_half_mu_squared_distance():
 
 def test_fedprox_mu_zero_equals_fedavg_exactly():
     data = _client()
-    model = _model()
+    model = tiny_mlp(hidden=4)
     payload = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
     a, _ = _update(_alg("fedavg", momentum=0.9), model, data, payload)
     b, _ = _update(_alg("fedprox", mu=0.0, momentum=0.9), model, data, payload)
@@ -132,7 +127,7 @@ def _corrected(alg, model, work) -> dict[str, torch.Tensor]:
 
 
 def test_scaffold_correct_grads_adds_c_minus_c_i():
-    alg, model = _alg("scaffold"), _model()
+    alg, model = _alg("scaffold"), tiny_mlp(hidden=4)
     correction = {k: torch.full_like(v, 1.0 - 0.25) for k, v in model.named_parameters()}
     _set_grads(model, 2.0)
     grads = _corrected(alg, model, LocalWork({}, None, torch.Generator(), correction=correction))
@@ -152,7 +147,7 @@ def test_scaffold_control_denominator_is_all_local_steps():
 
     alg = Recording()
     alg.setup(_alg("scaffold", epochs=2).ctx)
-    model, data = _model(), _client(n=10)
+    model, data = tiny_mlp(hidden=4), _client(n=10)
     server = alg.init_server(model)
     reply, state = _update(alg, model, data, alg.payload_for(server, 0))
     assert len(grads) == 6  # 2 epochs x ceil(10 / 4)
@@ -166,7 +161,11 @@ def test_scaffold_momentum_aware_denominator_is_k_eta_over_one_minus_beta():
     """Same local training (zero variates); option II divided by K eta / (1 - beta) vs the literal K eta."""
     states = {}
     for aware in (True, False):
-        alg, model, data = _alg("scaffold", momentum=0.75, momentum_aware=aware), _model(), _client(n=10)
+        alg, model, data = (
+            _alg("scaffold", momentum=0.75, momentum_aware=aware),
+            tiny_mlp(hidden=4),
+            _client(n=10),
+        )
         server = alg.init_server(model)
         reply, states[aware] = _update(alg, model, data, alg.payload_for(server, 0))
     for k, c in states[False]["control"].items():
@@ -230,7 +229,7 @@ def test_fednova_aggregate_by_hand():
 
 
 def test_fednova_client_normalises_by_its_momentum_steps():
-    alg, model, data = _alg("fednova", momentum=0.9, epochs=2), _model(), _client(n=10)
+    alg, model, data = _alg("fednova", momentum=0.9, epochs=2), tiny_mlp(hidden=4), _client(n=10)
     x = {k: v.clone() for k, v in model.state_dict().items()}
     reply, _ = _update(alg, model, data, {"model": x})
     a = effective_steps(6, 0.9)
@@ -252,7 +251,7 @@ def test_fednova_equal_steps_without_momentum_equals_fedavg(tmp_path):
 
 
 def test_feddyn_correct_grads_adds_dynamic_regulariser_gradient():
-    alg, model = _alg("feddyn", alpha=0.5), _model()
+    alg, model = _alg("feddyn", alpha=0.5), tiny_mlp(hidden=4)
     prev = {k: v.clone() - 1.0 for k, v in model.state_dict().items()}  # theta - theta^{t-1} = 1
     linear = {k: torch.full_like(p, -0.25) for k, p in model.named_parameters()}  # grad state 0.25
     _set_grads(model, 2.0)
@@ -262,7 +261,7 @@ def test_feddyn_correct_grads_adds_dynamic_regulariser_gradient():
 
 
 def test_feddyn_client_gradient_state_update():
-    alg, model, data = _alg("feddyn", alpha=0.5), _model(), _client()
+    alg, model, data = _alg("feddyn", alpha=0.5), tiny_mlp(hidden=4), _client()
     x = {k: v.clone() for k, v in model.state_dict().items()}
     g0 = {k: torch.full_like(v, 0.1) for k, v in x.items()}
     reply, state = _update(alg, model, data, {"model": x}, {"grad": g0})
@@ -290,7 +289,7 @@ def test_feddyn_alpha_zero_is_rejected():
 
 
 def test_feddc_correct_grads_adds_correction_and_drift_penalty():
-    alg, model = _alg("feddc", alpha=0.5), _model()
+    alg, model = _alg("feddc", alpha=0.5), tiny_mlp(hidden=4)
     w = {k: v.clone() - 1.0 for k, v in model.state_dict().items()}  # theta - w = 1
     drift = {k: torch.full_like(p, 0.5) for k, p in model.named_parameters()}
     correction = {k: torch.full_like(p, 0.25) for k, p in model.named_parameters()}  # c - c_i
@@ -302,7 +301,7 @@ def test_feddc_correct_grads_adds_correction_and_drift_penalty():
 
 
 def test_feddc_drift_update_and_corrected_upload():
-    alg, model, data = _alg("feddc", alpha=0.1), _model(), _client()
+    alg, model, data = _alg("feddc", alpha=0.1), tiny_mlp(hidden=4), _client()
     w = {k: v.clone() for k, v in model.state_dict().items()}
     server = alg.init_server(model)
     h0 = {k: torch.full_like(v, 0.3) for k, v in w.items()}

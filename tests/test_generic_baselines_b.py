@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedpcd.algorithms import Context, LocalWork, build_algorithm
+from conftest import local_work
+from fedpcd.algorithms import Context, build_algorithm
 from fedpcd.algorithms.base import (
     ClientData,
     balanced_softmax_loss,
@@ -36,12 +37,6 @@ from fedpcd.models import FedModel, build_model
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 FIXED = ["clients=4", "partition.classes_per_client=3"]
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 class Direct(FedModel):
@@ -204,9 +199,9 @@ def test_moon_first_round_is_ce_then_adds_mu_lcon():
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     payload = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
     ce = F.cross_entropy(model(x), y)
-    torch.testing.assert_close(algo.loss(model, (x, y), _work(payload)), ce)
+    torch.testing.assert_close(algo.loss(model, (x, y), local_work(payload)), ce)
 
-    reply, state = algo.local_update(model, _client(x, y), _work(payload, seed=0))
+    reply, state = algo.local_update(model, _client(x, y), local_work(payload, seed=0))
     assert set(state) == {"prev"} and state["prev"].keys() == model.state_dict().keys()
     for k, v in reply["model"].items():
         assert torch.equal(state["prev"][k], v)
@@ -218,7 +213,7 @@ def test_moon_first_round_is_ce_then_adds_mu_lcon():
     z = 0.7 * x
     lcon = model_contrastive_loss(z, 1.0 * x, g_prev * x, 0.5)
     expected = F.cross_entropy(model(x), y) + 2.0 * lcon
-    torch.testing.assert_close(algo.loss(model, (x, y), _work(payload, state)), expected)
+    torch.testing.assert_close(algo.loss(model, (x, y), local_work(payload, state)), expected)
 
 
 # ---------------------------------------------------------------------------------------------------- FedRS
@@ -236,7 +231,7 @@ def test_fedrs_restricted_softmax_by_hand():
     y = torch.tensor([0])
     logits = [1.1, 0.5 * 2.0 + 0.2, 3.3]  # alpha_c w_c^T h + b_c
     expected = -logits[0] + math.log(sum(math.exp(v) for v in logits))
-    loss = algo.loss(model, (x, y), _work({}, class_scales=scales))
+    loss = algo.loss(model, (x, y), local_work({}, class_scales=scales))
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     loss.backward()
     # dL/dw_1 = alpha * p_1 * h for the missing class 1
@@ -250,7 +245,7 @@ def test_fedrs_scales_come_from_the_client_counts():
     x = torch.randn(4, 2)
     y = torch.tensor([0, 0, 2, 2])
     payload = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
-    work = _work(payload, seed=0)
+    work = local_work(payload, seed=0)
     algo.local_update(model, _client(x, y), work)
     assert work.class_scales.tolist() == [1.0, 0.25, 1.0]
 
@@ -285,7 +280,7 @@ def test_fedlc_loss_uses_client_margins():
     x = torch.randn(5, 2)
     y = torch.tensor([0, 0, 0, 1, 1])
     payload = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
-    work = _work(payload, seed=0)
+    work = local_work(payload, seed=0)
     algo.local_update(model, _client(x, y), work)
     expected_margins = torch.tensor([3.0**-0.25, 2.0**-0.25, 1e-8**-0.25])
     torch.testing.assert_close(work.margins, expected_margins)
@@ -326,10 +321,10 @@ def test_fedntd_loss_is_ce_plus_beta_ntd_against_the_payload_model():
     y = torch.tensor([0, 1, 2, 1])
     payload = {"model": teacher.state_dict()}
     expected = F.cross_entropy(model(x), y) + 0.5 * ntd_loss(model(x), teacher(x).detach(), y, 2.0)
-    torch.testing.assert_close(algo.loss(model, (x, y), _work(payload)), expected)
+    torch.testing.assert_close(algo.loss(model, (x, y), local_work(payload)), expected)
     # a student equal to its teacher has L_NTD = 0
     own = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
-    torch.testing.assert_close(algo.loss(model, (x, y), _work(own)), F.cross_entropy(model(x), y))
+    torch.testing.assert_close(algo.loss(model, (x, y), local_work(own)), F.cross_entropy(model(x), y))
 
 
 # -------------------------------------------------------------------------------------------------- FedProc
@@ -381,9 +376,9 @@ def test_fedproc_loss_is_ce_plus_weight_lpc():
     expected = F.cross_entropy(model(x), y) + 0.3 * prototype_contrastive_loss(
         model.features(x), y, protos, payload["known"], 0.5
     )
-    torch.testing.assert_close(algo.loss(model, (x, y), _work(payload)), expected)
+    torch.testing.assert_close(algo.loss(model, (x, y), local_work(payload)), expected)
     none_known = {**payload, "known": torch.zeros(3, dtype=torch.bool)}
-    torch.testing.assert_close(algo.loss(model, (x, y), _work(none_known)), F.cross_entropy(model(x), y))
+    torch.testing.assert_close(algo.loss(model, (x, y), local_work(none_known)), F.cross_entropy(model(x), y))
 
 
 # --------------------------------------------------------------------------------------------------- FedETF
@@ -419,7 +414,7 @@ def test_fedetf_server_state_and_training_touch_only_what_they_should():
     frozen = {"etf": etf.clone(), "proj": {k: v.clone() for k, v in payload["proj"].items()}}
     x = torch.randn(12, 4)
     y = torch.tensor([0, 1] * 6)
-    work = _work(payload, seed=0)
+    work = local_work(payload, seed=0)
     reply, state = algo.local_update(model, _client(x, y), work)
     assert state is None
     assert set(reply) == {"model", "proj", "scale", "num_samples", "train_loss"}

@@ -14,23 +14,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_client
+from conftest import local_work, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import fedrep as fedrep_module
 from fedpcd.algorithms.base import balanced_softmax_loss, log_prior, tensor_bytes
 from fedpcd.algorithms.fedavg import train_loop
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
-from fedpcd.models import backbone_keys, build_model, head_keys
+from fedpcd.models import backbone_keys, head_keys
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 NAMES = ["local", "fedper", "fedrep", "fedbabu", "fedrod", "lgfedavg"]
-
-
-def _work(payload, state=None, seed: int | None = None, **values) -> LocalWork:
-    """A client update's work (round 1) with ``values`` as working values."""
-    rng = torch.Generator() if seed is None else torch.Generator().manual_seed(seed)
-    return LocalWork(payload, state, rng, **values)
 
 
 def _alg(name: str, epochs: int = 1, rounds: int = 1, **params):
@@ -45,11 +39,6 @@ def _alg(name: str, epochs: int = 1, rounds: int = 1, **params):
         )
     )
     return alg
-
-
-def _model():
-    torch.manual_seed(0)
-    return build_model("mlp", 1, 3, 2, hidden=8)
 
 
 def _client(k: int = 0, labels: list[int] | None = None) -> ClientData:
@@ -91,7 +80,7 @@ def _equal(a: dict, b: dict) -> bool:
     [("fedper", "head"), ("fedrep", "head"), ("fedbabu", "head"), ("lgfedavg", "body"), ("local", "all")],
 )
 def test_replies_never_carry_the_private_part_and_state_holds_it(name, private):
-    alg, model = _alg(name, finetune_epochs=1) if name == "fedbabu" else _alg(name), _model()
+    alg, model = _alg(name, finetune_epochs=1) if name == "fedbabu" else _alg(name), tiny_mlp()
     keys = {"head": head_keys(model), "body": backbone_keys(model), "all": list(model.state_dict())}[private]
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
@@ -109,7 +98,7 @@ def test_replies_never_carry_the_private_part_and_state_holds_it(name, private):
 
 @pytest.mark.parametrize("name", ["fedper", "fedrep", "fedbabu", "lgfedavg", "local"])
 def test_private_part_never_travels_and_a_new_client_starts_from_its_fresh_model(name):
-    alg, model = _alg(name), _model()
+    alg, model = _alg(name), tiny_mlp()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     server = alg.init_server(model)
     shared = set(model.state_dict()) - set(alg.private_keys(model))
@@ -120,14 +109,14 @@ def test_private_part_never_travels_and_a_new_client_starts_from_its_fresh_model
     _, s0 = alg.local_update(model, _client(0), LocalWork(payloads[0], None, _rng()))
     model.load_state_dict(initial)
     _, s1 = alg.local_update(model, _client(1), LocalWork(payloads[1], None, _rng()))
-    model2 = _model()
+    model2 = tiny_mlp()
     payload2 = alg.payload_for(alg.init_server(model2), 1)
     _, s1_fresh = alg.local_update(model2, _client(1), LocalWork(payload2, None, _rng()))
     assert _equal(s1, s1_fresh)
 
 
 def test_fedper_trains_head_and_body_and_keeps_the_head_across_rounds():
-    alg, model = _alg("fedper"), _model()
+    alg, model = _alg("fedper"), tiny_mlp()
     server = alg.init_server(model)
     p0 = alg.payload_for(server, 0)
     reply, state = alg.local_update(model, _client(), LocalWork(p0, None, _rng()))
@@ -141,7 +130,7 @@ def test_fedper_trains_head_and_body_and_keeps_the_head_across_rounds():
 
 @pytest.mark.parametrize("name", ["fedper", "fedrep", "fedbabu"])
 def test_global_model_is_averaged_body_with_the_initial_head(name):
-    alg, model = _alg(name), _model()
+    alg, model = _alg(name), tiny_mlp()
     server = alg.init_server(model)
     replies = []
     for k in range(2):
@@ -153,11 +142,11 @@ def test_global_model_is_averaged_body_with_the_initial_head(name):
         expect = (n[0] * replies[0]["model"][key] + n[1] * replies[1]["model"][key]) / sum(n)
         torch.testing.assert_close(server["model"][key], expect)
     gm = alg.global_predictor(model, server)
-    assert torch.equal(gm.head.weight, _model().head.weight)
+    assert torch.equal(gm.head.weight, tiny_mlp().head.weight)
 
 
 def test_lgfedavg_averages_only_the_head_and_has_no_global_model():
-    alg, model = _alg("lgfedavg"), _model()
+    alg, model = _alg("lgfedavg"), tiny_mlp()
     server = alg.init_server(model)
     assert set(server["model"]) == set(head_keys(model))
     r0, s0 = alg.local_update(model, _client(0), LocalWork(alg.payload_for(server, 0), None, _rng(0)))
@@ -176,7 +165,7 @@ def test_lgfedavg_averages_only_the_head_and_has_no_global_model():
 
 
 def test_local_communicates_nothing_and_has_no_global_model():
-    alg, model = _alg("local"), _model()
+    alg, model = _alg("local"), tiny_mlp()
     server = alg.init_server(model)
     first = alg.payload_for(server, 0)
     assert tensor_bytes(first) == 0  # the client builds its own initial model
@@ -193,7 +182,7 @@ def test_local_communicates_nothing_and_has_no_global_model():
 
 
 def test_fedrep_trains_the_head_then_the_body(monkeypatch):
-    alg, model = _alg("fedrep", head_epochs=2, body_epochs=1), _model()
+    alg, model = _alg("fedrep", head_epochs=2, body_epochs=1), tiny_mlp()
     seen = _spy_optimisers(monkeypatch)
     server = alg.init_server(model)
     reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, _rng()))
@@ -203,7 +192,7 @@ def test_fedrep_trains_the_head_then_the_body(monkeypatch):
 
 
 def test_fedrep_head_phase_leaves_the_body_and_body_phase_leaves_the_head():
-    alg, model = _alg("fedrep", head_epochs=1), _model()
+    alg, model = _alg("fedrep", head_epochs=1), tiny_mlp()
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
     state = server["initial"]
@@ -219,7 +208,7 @@ def test_fedrep_head_phase_leaves_the_body_and_body_phase_leaves_the_head():
 def test_fedrep_head_epochs_compute_no_body_gradient_and_train_the_same_head():
     """train_loop freezes what it does not train: the head epochs leave no gradient on the body, restore its
     requires_grad, and give bitwise the head of a loop that back-propagates through the whole model."""
-    alg, model = _alg("fedrep"), _model()
+    alg, model = _alg("fedrep"), tiny_mlp()
     server = alg.init_server(model)
     payload, state = alg.payload_for(server, 0), server["initial"]
     alg.begin_local(model, _client(), LocalWork(payload, state, _rng()))
@@ -241,7 +230,7 @@ def test_fedrep_head_epochs_compute_no_body_gradient_and_train_the_same_head():
 
 
 def test_fedrep_default_body_epochs_are_local_epochs(monkeypatch):
-    alg, model = _alg("fedrep", epochs=3, head_epochs=0), _model()
+    alg, model = _alg("fedrep", epochs=3, head_epochs=0), tiny_mlp()
     calls: list[int | None] = []
     real = fedrep_module.train_loop
 
@@ -258,7 +247,7 @@ def test_fedrep_default_body_epochs_are_local_epochs(monkeypatch):
 
 
 def test_fedbabu_head_never_in_the_optimiser_and_unchanged_during_fl(monkeypatch):
-    alg, model = _alg("fedbabu", epochs=2, finetune_epochs=1), _model()
+    alg, model = _alg("fedbabu", epochs=2, finetune_epochs=1), tiny_mlp()
     seen = _spy_optimisers(monkeypatch)
     server = alg.init_server(model)
     initial = {k: v.clone() for k, v in server["initial"].items()}
@@ -275,17 +264,17 @@ def test_fedbabu_head_never_in_the_optimiser_and_unchanged_during_fl(monkeypatch
 
 
 def test_fedbabu_finetunes_from_the_global_body_by_default():
-    alg, model = _alg("fedbabu", finetune_epochs=0), _model()
+    alg, model = _alg("fedbabu", finetune_epochs=0), tiny_mlp()
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
     reply, _ = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
-    personal = alg.personal_predictor(model, _work(payload))
+    personal = alg.personal_predictor(model, local_work(payload))
     assert _equal({k: personal.state_dict()[k] for k in server["model"]}, server["model"])  # not local
     assert not _equal(reply["model"], server["model"])
 
 
 def test_fedbabu_last_round_option_skips_finetuning_before_round_r():
-    alg, model = _alg("fedbabu", rounds=2, finetune_when="last_round", finetune_lr=0.5), _model()
+    alg, model = _alg("fedbabu", rounds=2, finetune_when="last_round", finetune_lr=0.5), tiny_mlp()
     server = alg.init_server(model)
     reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, _rng()))
     assert _equal({k: model.state_dict()[k] for k in reply["model"]}, reply["model"])
@@ -318,14 +307,16 @@ def test_log_prior_and_balanced_softmax_by_hand():
 
 
 def test_fedrod_loss_gradients_go_where_the_paper_says():
-    alg, model = _alg("fedrod"), _model()
+    alg, model = _alg("fedrod"), tiny_mlp()
     data = _client(labels=[0, 0, 0, 1])
     h_p = {
         "weight": torch.randn(3, model.feature_dim, generator=_rng()).requires_grad_(True),
         "bias": torch.randn(3, generator=_rng(2)).requires_grad_(True),
     }
     x, y = data.x, data.y
-    alg.loss(model, (x, y), _work({}, log_prior=log_prior(data.label_counts), personal_head=h_p)).backward()
+    alg.loss(
+        model, (x, y), local_work({}, log_prior=log_prior(data.label_counts), personal_head=h_p)
+    ).backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
     got_p = h_p["weight"].grad.clone()
     # by hand: body + generic head only from BSM; personal head only from CE(g.detach + p(z.detach))
@@ -343,7 +334,7 @@ def test_fedrod_loss_gradients_go_where_the_paper_says():
 
 
 def test_fedrod_personal_head_is_private_zero_initialised_and_added_to_generic_logits():
-    alg, model = _alg("fedrod"), _model()
+    alg, model = _alg("fedrod"), tiny_mlp()
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
     assert set(payload["model"]) == set(model.state_dict())  # body + generic head are shared
