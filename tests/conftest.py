@@ -24,6 +24,15 @@ requires_fmnist = pytest.mark.skipif(
 )
 
 
+# the model-heterogeneous setting of the end-to-end tests: a client per architecture CNN-1..5
+HETERO_MODELS = [
+    "dataset.name=synthetic16",
+    "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]",
+    "local.batch_size=32",
+]
+CNN5_SYNTHETIC16 = 416 + 12_832 + 16_500 + 250_500 + 5_010  # parameters of CNN-5 on 1x16x16, 10 classes
+
+
 def tiny_client(labels: torch.Tensor, num_classes: int, seed: int, cid: int = 0, local_test: bool = False):
     """A client of 1x2x2 "images" shifted by their label (models built with image_size=2)."""
     from fedpcd.algorithms import ClientData

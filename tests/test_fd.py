@@ -10,15 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import local_work, tiny_client, tiny_mlp
+from conftest import HETERO_MODELS, local_work, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fd import FD, logit_kl
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
-
-HETERO = ["dataset.name=synthetic16", "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]", "local.batch_size=32"]
 
 
 def _alg(name: str = "fd", **params):
@@ -150,7 +148,7 @@ def test_distillation_changes_training_when_gamma_positive():
 
 def test_model_heterogeneous_run(tmp_path):
     out = tmp_path / "fd"
-    args = HETERO + ["clients=5", "rounds=2", "algorithm.name=fd", f"output_dir={out}"]
+    args = HETERO_MODELS + ["clients=5", "rounds=2", "algorithm.name=fd", f"output_dir={out}"]
     run_experiment(load_config(None, args), progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2] and all(r["global_acc"] is None for r in rows)

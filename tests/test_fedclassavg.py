@@ -9,15 +9,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from conftest import local_work, tiny_client, tiny_mlp
+from conftest import HETERO_MODELS, local_work, tiny_client, tiny_mlp
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedclassavg import FedClassAvg, classifier_proximal, supcon_loss
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.models import head_keys
-
-HETERO = ["dataset.name=synthetic16", "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]", "local.batch_size=32"]
 
 
 def _alg(name: str = "fedclassavg", **params):
@@ -123,7 +121,7 @@ def test_zero_weights_reduce_to_lgfedavg_exactly():
 
 def test_model_heterogeneous_run(tmp_path):
     out = tmp_path / "fca"
-    args = HETERO + ["clients=5", "rounds=2", "algorithm.name=fedclassavg", f"output_dir={out}"]
+    args = HETERO_MODELS + ["clients=5", "rounds=2", "algorithm.name=fedclassavg", f"output_dir={out}"]
     run_experiment(load_config(None, args), progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2] and all(r["global_acc"] is None for r in rows)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_client
+from conftest import CNN5_SYNTHETIC16, HETERO_MODELS, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fedkd import (
@@ -263,14 +263,7 @@ def test_aggregate_reconstructs_averages_and_truncates():
 
 # ----- end to end -----
 
-HETERO = [
-    "dataset.name=synthetic16",
-    "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]",
-    "clients=5",
-    "local.batch_size=32",
-    "rounds=2",
-]
-CNN5_SYNTHETIC16 = 416 + 12_832 + 16_500 + 250_500 + 5_010  # parameters of CNN-5 on 1x16x16, 10 classes
+HETERO = [*HETERO_MODELS, "clients=5", "rounds=2"]
 
 
 def _run(tmp_path, *overrides: str):

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import local_work, tiny_client, tiny_mlp
+from conftest import HETERO_MODELS, local_work, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fedproto import FedProto, NearestPrototype, prototype_mse
@@ -23,7 +23,6 @@ from fedpcd.errors import UserError
 from fedpcd.models import build_model
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
-HETERO = ["dataset.name=synthetic16", "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]", "local.batch_size=32"]
 
 
 def _alg(num_classes: int = 3, seed: int = 0, **params) -> FedProto:
@@ -242,7 +241,7 @@ def test_end_to_end_synthetic(tmp_path):
 
 def test_model_heterogeneous_run(tmp_path):
     out = tmp_path / "hetero"
-    args = HETERO + ["clients=5", "rounds=2", "algorithm.name=fedproto", f"output_dir={out}"]
+    args = HETERO_MODELS + ["clients=5", "rounds=2", "algorithm.name=fedproto", f"output_dir={out}"]
     run_experiment(load_config(None, args), progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2] and all(r["global_acc"] is None for r in rows)

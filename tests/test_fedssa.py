@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_client
+from conftest import HETERO_MODELS, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedssa import per_class_mean, stabilisation_weight
 from fedpcd.config import load_config
@@ -238,13 +238,7 @@ def test_partial_participation_cached_all_differs_and_keeps_stale_rows(tmp_path)
     assert known.sum() >= 3 and b["server"]["cache_weight"].shape == (6, 10, 16)
 
 
-HETERO = [
-    "dataset.name=synthetic16",
-    "model.name=[cnn1, cnn2, cnn3, cnn4, cnn5]",
-    "clients=5",
-    "local.batch_size=32",
-    "rounds=2",
-]
+HETERO = [*HETERO_MODELS, "clients=5", "rounds=2"]
 
 
 @pytest.mark.parametrize("name", ["fedssa", "local", "lgfedavg"])
