@@ -59,6 +59,11 @@ def tiny_mlp(hidden: int = 8):
     return build_model("mlp", 1, 3, 2, hidden=hidden)
 
 
+def seeded(seed: int = 1) -> torch.Generator:
+    """A CPU generator in a known state (a client update's batch order)."""
+    return torch.Generator().manual_seed(seed)
+
+
 def local_work(payload, state=None, seed: int | None = None, **values):
     """A client update's work (round 1) with ``values`` as working values."""
     from fedpcd.algorithms import LocalWork

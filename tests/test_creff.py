@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import local_work, tiny_client
+from conftest import local_work, seeded, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import weighted_average
 from fedpcd.algorithms.creff import (
@@ -53,10 +53,6 @@ def _model(bias: bool = True):
     return model
 
 
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def _client(labels: list[int], seed: int = 7, cid: int = 0):
     return tiny_client(torch.tensor(labels), 3, seed=seed, cid=cid)
 
@@ -91,7 +87,7 @@ def test_per_class_head_gradient_by_hand():
 
 
 def test_class_head_gradients_equal_autograd_per_group():
-    g = _rng(3)
+    g = seeded(3)
     z = torch.randn(2, 4, 3, generator=g)
     w, b = torch.randn(5, 3, generator=g), torch.randn(5, generator=g)
     labels = torch.tensor([4, 0])
@@ -118,7 +114,7 @@ def test_matching_distance_on_hand_made_gradients():
 
 
 def test_aggregation_of_class_gradients_by_clients_or_by_counts():
-    g = _rng(4)
+    g = seeded(4)
     a, b, c = (torch.randn(3, 2, generator=g) for _ in range(3))
     ab, ac = torch.randn(3, generator=g), torch.randn(3, generator=g)
     replies = [
@@ -141,7 +137,7 @@ def test_aggregation_of_class_gradients_by_clients_or_by_counts():
 
 
 def test_gradient_matching_reduces_the_distance_and_leaves_unreported_classes():
-    g = _rng(5)
+    g = seeded(5)
     real = torch.randn(3, 20, 4, generator=g) + 3 * torch.eye(3, 4)[:, None, :]
     w, b = torch.randn(3, 4, generator=g), torch.randn(3, generator=g)
     real_w, real_b = class_head_gradients(real, torch.arange(3), w, b)
@@ -156,27 +152,27 @@ def test_gradient_matching_reduces_the_distance_and_leaves_unreported_classes():
 
 
 def test_retraining_fits_separable_features_from_a_seeded_init():
-    g = _rng(6)
+    g = seeded(6)
     feats = 5 * torch.eye(3, 4)[:, None, :] + 0.1 * torch.randn(3, 10, 4, generator=g)
-    w0, b0 = linear_init(3, 4, True, _rng(7))
+    w0, b0 = linear_init(3, 4, True, seeded(7))
     assert w0.abs().max() <= 0.5 and b0.abs().max() <= 0.5  # U(-1/sqrt(d), 1/sqrt(d))
     kwargs = {"epochs": 20, "lr": 0.5, "batch_size": 8}
-    w, b = retrain_classifier(feats, w0, b0, generator=_rng(8), **kwargs)
+    w, b = retrain_classifier(feats, w0, b0, generator=seeded(8), **kwargs)
     pred = (feats.reshape(30, 4) @ w.T + b).argmax(1)
     assert torch.equal(pred, torch.arange(3).repeat_interleave(10))
-    w2, b2 = retrain_classifier(feats, w0, b0, generator=_rng(8), **kwargs)
+    w2, b2 = retrain_classifier(feats, w0, b0, generator=seeded(8), **kwargs)
     assert torch.equal(w, w2) and torch.equal(b, b2)
-    w3, _ = retrain_classifier(feats, w0, b0, generator=_rng(9), **kwargs)
+    w3, _ = retrain_classifier(feats, w0, b0, generator=seeded(9), **kwargs)
     assert not torch.equal(w, w3)  # mini-batches shuffled by the generator
-    assert torch.equal(w0, linear_init(3, 4, True, _rng(7))[0])  # the init is copied, not trained in place
+    assert torch.equal(w0, linear_init(3, 4, True, seeded(7))[0])  # the init is copied, not trained in place
     # one full-batch epoch = one SGD step on the mean cross-entropy, as autograd computes it
-    w1, b1 = retrain_classifier(feats, w0, b0, epochs=1, lr=0.5, batch_size=30, generator=_rng(8))
+    w1, b1 = retrain_classifier(feats, w0, b0, epochs=1, lr=0.5, batch_size=30, generator=seeded(8))
     params = [w0.clone().requires_grad_(True), b0.clone().requires_grad_(True)]
     loss = F.cross_entropy(F.linear(feats.reshape(30, 4), *params), torch.arange(3).repeat_interleave(10))
     aw, ab = torch.autograd.grad(loss, params)
     torch.testing.assert_close(w1, w0 - 0.5 * aw)
     torch.testing.assert_close(b1, b0 - 0.5 * ab)
-    w_nb, b_nb = retrain_classifier(feats, w0, None, epochs=1, lr=0.5, batch_size=30, generator=_rng(8))
+    w_nb, b_nb = retrain_classifier(feats, w0, None, epochs=1, lr=0.5, batch_size=30, generator=seeded(8))
     (aw_nb,) = torch.autograd.grad(
         F.cross_entropy(feats.reshape(30, 4) @ params[0].T, torch.arange(3).repeat_interleave(10)), params[0]
     )
@@ -195,7 +191,7 @@ def test_reply_carries_gradients_only_for_held_classes_and_fedavg_training_is_un
     payload = alg.payload_for(server, 0)
     assert set(payload) == ({"model", "head"} if grad_head == "retrained" else {"model"})
     data = _client([0, 0, 2, 2, 2])
-    reply, state = alg.local_update(model, data, LocalWork(payload, None, _rng()))
+    reply, state = alg.local_update(model, data, LocalWork(payload, None, seeded()))
     assert reply["classes"].tolist() == [0, 2] and reply["class_counts"].tolist() == [2, 3]
     assert reply["grad_weight"].shape == (2, 3, 8) and reply["grad_bias"].shape == (2, 3)
     # by autograd, on the received model's features, under the head the gradients are defined with
@@ -211,7 +207,7 @@ def test_reply_carries_gradients_only_for_held_classes_and_fedavg_training_is_un
         torch.testing.assert_close(reply["grad_bias"][i], ab)
     # FedAvg's local update, reply and personal model, bit for bit (same generator)
     fedavg = _alg("fedavg")
-    fed_reply, _ = fedavg.local_update(_model(), data, LocalWork({"model": payload["model"]}, None, _rng()))
+    fed_reply, _ = fedavg.local_update(_model(), data, LocalWork({"model": payload["model"]}, None, seeded()))
     assert fed_reply.keys() <= reply.keys() and fed_reply["train_loss"] == reply["train_loss"]
     assert all(torch.equal(fed_reply["model"][k], v) for k, v in reply["model"].items())
     personal = alg.personal_predictor(model, local_work(payload, state))
@@ -222,13 +218,13 @@ def test_sampled_real_batches_are_seeded_and_cover_the_class_when_large():
     data, rng_seed = _client([0, 0, 1, 1, 1, 2]), 3
     full_alg, model = _alg(), _model()
     payload = full_alg.payload_for(full_alg.init_server(model), 0)
-    full, _ = full_alg.local_update(_model(), data, LocalWork(payload, None, _rng(rng_seed)))
+    full, _ = full_alg.local_update(_model(), data, LocalWork(payload, None, seeded(rng_seed)))
     whole, _ = _alg(real_batch=10, real_repeats=2).local_update(
-        _model(), data, LocalWork(payload, None, _rng(rng_seed))
+        _model(), data, LocalWork(payload, None, seeded(rng_seed))
     )
     torch.testing.assert_close(whole["grad_weight"], full["grad_weight"])  # every draw = the whole class
     one = [
-        _alg(real_batch=1).local_update(_model(), data, LocalWork(payload, None, _rng(rng_seed)))[0]
+        _alg(real_batch=1).local_update(_model(), data, LocalWork(payload, None, seeded(rng_seed)))[0]
         for _ in range(2)
     ]
     assert torch.equal(one[0]["grad_weight"], one[1]["grad_weight"])
@@ -250,7 +246,7 @@ def _round(alg, model, labels=([0, 0, 2, 2], [2, 0, 0])):
     start = {"features": server["features"].clone(), **{k: v.clone() for k, v in received.items()}}
     replies = [
         alg.local_update(
-            model, _client(y, seed=7 + k, cid=k), LocalWork(alg.payload_for(server, k), None, _rng(k))
+            model, _client(y, seed=7 + k, cid=k), LocalWork(alg.payload_for(server, k), None, seeded(k))
         )[0]
         for k, y in enumerate(labels)
     ]

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import local_work, tiny_client, tiny_mlp
+from conftest import local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import ditto as ditto_module
 from fedpcd.config import load_config
@@ -29,10 +29,6 @@ def _alg(name: str = "ditto", **params):
 
 def _client(k: int = 0) -> ClientData:
     return tiny_client(torch.tensor([0, 1, 1, 2, 2, 2, 0, 1]), 3, seed=7 + k, cid=k, local_test=True)
-
-
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -80,9 +76,9 @@ def test_replies_equal_fedavg_and_personal_model_is_the_state():
     server = fedavg.init_server(model)
     initial = dict(server["model"])
     payload = fedavg.payload_for(server, 0)
-    r_avg, s_avg = fedavg.local_update(model, _client(), LocalWork(payload, None, _rng()))
+    r_avg, s_avg = fedavg.local_update(model, _client(), LocalWork(payload, None, seeded()))
     model.load_state_dict(initial)
-    r_ditto, state = ditto.local_update(model, _client(), LocalWork(payload, None, _rng()))
+    r_ditto, state = ditto.local_update(model, _client(), LocalWork(payload, None, seeded()))
     assert s_avg is None and set(r_ditto) == set(r_avg) == {"model", "num_samples", "train_loss"}
     assert _equal(r_ditto["model"], r_avg["model"]) and r_ditto["train_loss"] == r_avg["train_loss"]
     assert set(state) == set(model.state_dict()) and not _equal(state, r_ditto["model"])
@@ -102,7 +98,7 @@ def _personal_start(monkeypatch, alg, model, payload, state) -> dict:
         return real(algorithm, m, data, work, **kwargs)
 
     monkeypatch.setattr(ditto_module, "train_loop", spy)
-    alg.local_update(model, _client(), LocalWork(payload, state, _rng()))
+    alg.local_update(model, _client(), LocalWork(payload, state, seeded()))
     return seen[-1]
 
 
@@ -130,7 +126,7 @@ def test_anchor_is_the_received_or_the_local_model(monkeypatch, anchor):
         return real(self, m, batch, work)
 
     monkeypatch.setattr(type(alg), "loss", spy)
-    reply, _ = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
+    reply, _ = alg.local_update(model, _client(), LocalWork(payload, None, seeded()))
     want = payload["model"] if anchor == "global" else reply["model"]
     assert anchors and all(a is want for a in anchors)
 
@@ -146,7 +142,7 @@ def test_personal_optimiser_settings(monkeypatch, option, momentum, wd):
         return real(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
     monkeypatch.setattr(torch.optim, "SGD", spy)
-    alg.local_update(model, _client(), LocalWork({"model": _shifted(model, 0.0)}, None, _rng()))
+    alg.local_update(model, _client(), LocalWork({"model": _shifted(model, 0.0)}, None, seeded()))
     assert seen == [(0.1, 0.9, 1e-3), (0.1, momentum, wd)]  # FedAvg part, then the personal part
 
 
@@ -157,7 +153,7 @@ def test_personal_sgd_step_is_algorithm_1():
     model, data = tiny_mlp(), _client()
     payload = {"model": _shifted(model, 0.2)}
     v0 = _shifted(model, -0.1)
-    _, state = alg.local_update(model, data, LocalWork(payload, v0, _rng()))
+    _, state = alg.local_update(model, data, LocalWork(payload, v0, seeded()))
     model.load_state_dict(v0)
     model.zero_grad()
     F.cross_entropy(model(data.x), data.y).backward()

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import HETERO_MODELS, local_work, tiny_client, tiny_mlp
+from conftest import HETERO_MODELS, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fd import FD, logit_kl
@@ -29,10 +29,6 @@ def _alg(name: str = "fd", **params):
 def _client(labels: list[int] | None = None) -> ClientData:
     y = torch.tensor(labels if labels is not None else [0, 1, 1, 2, 2, 2, 0, 1])
     return tiny_client(y, 3, seed=7, local_test=True)
-
-
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def test_defaults_and_flags():
@@ -109,7 +105,7 @@ def test_reply_is_the_held_classes_mean_logits_and_no_weights():
     alg, model = _alg(), tiny_mlp()
     data = _client([0, 0, 2, 2, 2])
     reply, state = alg.local_update(
-        model, data, LocalWork(alg.payload_for(alg.init_server(model), 0), None, _rng())
+        model, data, LocalWork(alg.payload_for(alg.init_server(model), 0), None, seeded())
     )
     assert set(reply) == {"classes", "class_counts", "class_means", "num_samples", "train_loss"}
     assert reply["classes"].tolist() == [0, 2] and reply["class_counts"].tolist() == [2, 3]
@@ -124,25 +120,25 @@ def test_reply_is_the_held_classes_mean_logits_and_no_weights():
 
 def test_gamma_zero_is_local_training_exactly():
     fd, local, data = _alg(gamma=0.0), _alg("local"), _client()
-    payload = {"logits": torch.randn(3, 3, generator=_rng(3)), "known": torch.ones(3, dtype=torch.bool)}
-    _, s_fd = fd.local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
+    payload = {"logits": torch.randn(3, 3, generator=seeded(3)), "known": torch.ones(3, dtype=torch.bool)}
+    _, s_fd = fd.local_update(tiny_mlp(), data, LocalWork(payload, None, seeded()))
     _, s_local = local.local_update(
-        tiny_mlp(), data, LocalWork(local.payload_for(local.init_server(tiny_mlp()), 0), None, _rng())
+        tiny_mlp(), data, LocalWork(local.payload_for(local.init_server(tiny_mlp()), 0), None, seeded())
     )
     assert s_fd["model"].keys() == s_local.keys()
     assert all(torch.equal(s_fd["model"][k], s_local[k]) for k in s_local)
     _, s_fd2 = fd.local_update(
-        tiny_mlp(), data, LocalWork(payload, s_fd, _rng(2))
+        tiny_mlp(), data, LocalWork(payload, s_fd, seeded(2))
     )  # later rounds: the own model
-    _, s_local2 = local.local_update(tiny_mlp(), data, LocalWork({"model": {}}, s_local, _rng(2)))
+    _, s_local2 = local.local_update(tiny_mlp(), data, LocalWork({"model": {}}, s_local, seeded(2)))
     assert all(torch.equal(s_fd2["model"][k], s_local2[k]) for k in s_local2)
 
 
 def test_distillation_changes_training_when_gamma_positive():
     data = _client()
     payload = {"logits": torch.full((3, 3), 5.0), "known": torch.ones(3, dtype=torch.bool)}
-    _, a = _alg(gamma=0.0).local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
-    _, b = _alg(gamma=1.0).local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
+    _, a = _alg(gamma=0.0).local_update(tiny_mlp(), data, LocalWork(payload, None, seeded()))
+    _, b = _alg(gamma=1.0).local_update(tiny_mlp(), data, LocalWork(payload, None, seeded()))
     assert not torch.equal(a["model"]["fc1.weight"], b["model"]["fc1.weight"])
 
 

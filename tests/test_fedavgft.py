@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import local_work, tiny_client, tiny_mlp
+from conftest import local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import fedavg as fedavg_module
 from fedpcd.config import load_config
@@ -30,10 +30,6 @@ def _client() -> ClientData:
     return tiny_client(torch.tensor([0, 1, 1, 2, 2, 2, 0, 1]), 3, seed=7, local_test=True)
 
 
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def _equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -41,7 +37,7 @@ def _equal(a: dict, b: dict) -> bool:
 def _update(alg, payload: dict) -> tuple[dict, object, dict]:
     """(reply, state, personal model's weights) of one local update from the seeded model."""
     model = tiny_mlp()
-    reply, state = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
+    reply, state = alg.local_update(model, _client(), LocalWork(payload, None, seeded()))
     personal = alg.personal_predictor(model, local_work(payload, state))
     return reply, state, {k: v.clone() for k, v in personal.state_dict().items()}
 

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from conftest import HETERO_MODELS, local_work, tiny_client, tiny_mlp
+from conftest import HETERO_MODELS, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedclassavg import FedClassAvg, classifier_proximal, supcon_loss
 from fedpcd.config import load_config
@@ -27,10 +27,6 @@ def _alg(name: str = "fedclassavg", **params):
 
 def _client():
     return tiny_client(torch.tensor([0, 1, 1, 2, 2, 2, 0, 1]), 3, seed=7, local_test=True)
-
-
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def test_defaults():
@@ -64,7 +60,7 @@ def test_supcon_by_hand():
 
 
 def test_supcon_with_several_positives_and_none():
-    z = torch.randn(5, 3, generator=_rng())
+    z = torch.randn(5, 3, generator=seeded())
     y = torch.tensor([1, 1, 1, 0, 2])
     zn = F.normalize(z, dim=1)
     s = zn @ zn.T / 0.1
@@ -108,14 +104,14 @@ def test_zero_weights_reduce_to_lgfedavg_exactly():
     fca, lg = _alg(rho=0.0, lam=0.0), _alg("lgfedavg")
     server = lg.init_server(tiny_mlp())
     payload = lg.payload_for(server, 0)
-    r_a, s_a = fca.local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
-    r_b, s_b = lg.local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
+    r_a, s_a = fca.local_update(tiny_mlp(), data, LocalWork(payload, None, seeded()))
+    r_b, s_b = lg.local_update(tiny_mlp(), data, LocalWork(payload, None, seeded()))
     assert (
         r_a["model"].keys() == r_b["model"].keys() == set(head_keys(tiny_mlp()))
     )  # only the classifier travels
     assert all(torch.equal(r_a["model"][k], r_b["model"][k]) for k in r_b["model"])
     assert all(torch.equal(s_a[k], s_b[k]) for k in s_b)
-    r_c, _ = _alg().local_update(tiny_mlp(), data, LocalWork(payload, None, _rng()))
+    r_c, _ = _alg().local_update(tiny_mlp(), data, LocalWork(payload, None, seeded()))
     assert not torch.equal(r_c["model"]["head.weight"], r_b["model"]["head.weight"])  # the terms act
 
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from conftest import CNN5_SYNTHETIC16, HETERO_MODELS, tiny_client
+from conftest import CNN5_SYNTHETIC16, HETERO_MODELS, seeded, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fedkd import (
@@ -46,10 +46,6 @@ def _teacher(hidden: int = 8, seed: int = 0):
 
 def _data():
     return tiny_client(torch.tensor([0, 1, 2, 1, 0, 2, 1, 1]), S, seed=3)
-
-
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ----- adaptive mutual distillation, by hand -----
@@ -180,7 +176,7 @@ def test_reply_carries_only_the_compressed_student_update():
     teacher = _teacher()
     payload = alg.payload_for(alg.init_server(teacher), 0)
     assert set(payload) == {"model"}  # the download is the student only
-    work = LocalWork(payload, None, _rng())
+    work = LocalWork(payload, None, seeded())
     reply, state = alg.local_update(teacher, _data(), work)
     assert set(reply) == {"update", "num_samples", "train_loss"}
     update = reply["update"]
@@ -204,24 +200,24 @@ def test_reply_carries_only_the_compressed_student_update():
 def test_projection_comes_from_the_state_and_can_be_switched_off():
     alg = _alg()
     payload = alg.payload_for(alg.init_server(_teacher()), 0)
-    _, state = alg.local_update(_teacher(), _data(), LocalWork(payload, None, _rng()))
-    first = LocalWork(payload, None, _rng())
+    _, state = alg.local_update(_teacher(), _data(), LocalWork(payload, None, seeded()))
+    first = LocalWork(payload, None, seeded())
     alg.begin_local(_teacher(), _data(), first)  # first participation: the identity
     assert torch.equal(first.projection, torch.eye(8, 200)) and first.projection.requires_grad
-    later = LocalWork(payload, state, _rng())
+    later = LocalWork(payload, state, seeded())
     alg.begin_local(_teacher(), _data(), later)
     assert torch.equal(later.projection, state["projection"]) and later.projection is not state["projection"]
     off = _alg(hidden_projection=False)
     with pytest.raises(UserError, match="equal feature widths"):
-        off.local_update(_teacher(hidden=8), _data(), LocalWork(payload, None, _rng()))
-    _, state = off.local_update(_teacher(hidden=200), _data(), LocalWork(payload, None, _rng()))
+        off.local_update(_teacher(hidden=8), _data(), LocalWork(payload, None, seeded()))
+    _, state = off.local_update(_teacher(hidden=200), _data(), LocalWork(payload, None, seeded()))
     assert set(state) == {"model"}
 
 
 def test_lossless_threshold_reproduces_the_trained_student():
     alg = _alg(t_start=1.0, t_end=1.0)
     server = alg.init_server(_teacher())
-    work = LocalWork(alg.payload_for(server, 0), None, _rng())
+    work = LocalWork(alg.payload_for(server, 0), None, seeded())
     reply, _ = alg.local_update(_teacher(), _data(), work)
     server = alg.aggregate(server, [reply])
     assert server["round"] == 1

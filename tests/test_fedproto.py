@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import HETERO_MODELS, local_work, tiny_client, tiny_mlp
+from conftest import HETERO_MODELS, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fedproto import FedProto, NearestPrototype, prototype_mse
@@ -35,10 +35,6 @@ def _alg(num_classes: int = 3, seed: int = 0, **params) -> FedProto:
 def _client(labels: list[int] | None = None) -> ClientData:
     y = torch.tensor(labels if labels is not None else [0, 1, 1, 2, 2, 2, 0, 1])
     return tiny_client(y, 3, seed=7, local_test=True)
-
-
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -67,7 +63,7 @@ def test_prototype_mse_value_and_gradient_by_hand():
 
 def test_local_loss_is_ce_plus_lambda_mse_by_hand():
     alg, model, data = _alg(lam=0.3), tiny_mlp(), _client()
-    protos = torch.rand(3, model.feature_dim, generator=_rng())
+    protos = torch.rand(3, model.feature_dim, generator=seeded())
     payload = {"prototypes": protos, "known": torch.ones(3, dtype=torch.bool)}
     loss = alg.loss(model, (data.x, data.y), local_work(payload))
     z = model.features(data.x)
@@ -101,7 +97,7 @@ def _reply(classes: list[int], means: list[list[float]], counts: list[int]) -> d
 @pytest.mark.parametrize("init", ["none", "uniform"])
 def test_server_per_class_mean_by_hand(weighting, init):
     alg = _alg(num_classes=4, weighting=weighting, init=init)
-    before = torch.rand(4, 2, generator=_rng()) if init == "uniform" else torch.zeros(4, 2)
+    before = torch.rand(4, 2, generator=seeded()) if init == "uniform" else torch.zeros(4, 2)
     known = torch.full((4,), init == "uniform")
     server = {"prototypes": before.clone(), "known": known.clone()}
     replies = [
@@ -135,7 +131,7 @@ def test_reply_carries_only_held_classes_prototypes_and_no_weights():
     data = _client([0, 0, 2, 2, 2])
     payload = alg.payload_for(alg.init_server(model), 0)
     assert set(payload) == {"prototypes", "known"}
-    reply, state = alg.local_update(model, data, LocalWork(payload, None, _rng()))
+    reply, state = alg.local_update(model, data, LocalWork(payload, None, seeded()))
     assert set(reply) == {"classes", "class_counts", "class_means", "num_samples", "train_loss"}
     assert reply["classes"].tolist() == [0, 2] and reply["class_counts"].tolist() == [2, 3]
     assert reply["class_means"].shape == (2, model.feature_dim)
@@ -154,11 +150,11 @@ def test_first_participation_trains_the_model_as_delivered_later_the_own_model()
     delivered, other = tiny_mlp(), tiny_mlp()
     with torch.no_grad():
         other.fc1.weight.add_(0.5)  # e.g. another client's weights left in the shared object
-    _, s_delivered = alg.local_update(delivered, data, LocalWork(payload, None, _rng()))
-    _, s_other = alg.local_update(other, data, LocalWork(payload, None, _rng()))
+    _, s_delivered = alg.local_update(delivered, data, LocalWork(payload, None, seeded()))
+    _, s_other = alg.local_update(other, data, LocalWork(payload, None, seeded()))
     assert not _equal(s_delivered["model"], s_other["model"])
-    _, a = alg.local_update(tiny_mlp(), data, LocalWork(payload, s_delivered, _rng(2)))
-    _, b = alg.local_update(other, data, LocalWork(payload, s_delivered, _rng(2)))
+    _, a = alg.local_update(tiny_mlp(), data, LocalWork(payload, s_delivered, seeded(2)))
+    _, b = alg.local_update(other, data, LocalWork(payload, s_delivered, seeded(2)))
     assert _equal(a["model"], b["model"])  # later rounds: the own model, whatever the object held
 
 
@@ -166,7 +162,7 @@ def test_a_different_feature_dim_is_a_user_error():
     alg = _alg()
     payload = alg.payload_for(alg.init_server(tiny_mlp(hidden=16)), 0)
     with pytest.raises(UserError, match="feature_dim=8"):
-        alg.local_update(tiny_mlp(hidden=8), _client(), LocalWork(payload, None, _rng()))
+        alg.local_update(tiny_mlp(hidden=8), _client(), LocalWork(payload, None, seeded()))
 
 
 # ----- personal prediction -----

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import HETERO_MODELS, tiny_client
+from conftest import HETERO_MODELS, seeded, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedssa import per_class_mean, stabilisation_weight
 from fedpcd.config import load_config
@@ -36,10 +36,6 @@ def _model(seed: int = 0):
 
 def _client(labels: list[int], k: int = 0):
     return tiny_client(torch.tensor(labels), S, seed=3 + k, cid=k, local_test=True)
-
-
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ----- schedule (Sec. 4.2) -----
@@ -157,7 +153,7 @@ def test_only_seen_rows_leave_the_client_and_the_state_is_the_whole_model():
     model = _model()
     server = alg.init_server(model)
     reply, state = alg.local_update(
-        model, _client([0, 0, 3, 3, 3, 0]), LocalWork(alg.payload_for(server, 0), None, _rng())
+        model, _client([0, 0, 3, 3, 3, 0]), LocalWork(alg.payload_for(server, 0), None, seeded())
     )
     tensors = {k for k, v in reply.items() if isinstance(v, torch.Tensor)}
     assert tensors == {"classes", "weight", "bias"}
@@ -177,7 +173,7 @@ def test_zero_filled_upload_gives_the_same_global_header():
         replies = []
         for k, d in enumerate(data):
             reply, _ = alg.local_update(
-                _model(k + 1), d, LocalWork(alg.payload_for(server, k), None, _rng(k))
+                _model(k + 1), d, LocalWork(alg.payload_for(server, k), None, seeded(k))
             )
             replies.append(reply)
         if upload == "zero_filled":

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import CNN5_SYNTHETIC16, HETERO_MODELS, tiny_client
+from conftest import CNN5_SYNTHETIC16, HETERO_MODELS, seeded, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fml import kl_divergence, mutual_losses
@@ -37,10 +37,6 @@ def _alg(name: str = "fml", seed: int = 0, **params):
 def _private(hidden: int = 8, seed: int = 0):
     torch.manual_seed(seed)
     return build_model("mlp", 1, S, 2, hidden=hidden)
-
-
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ----- the losses, by hand -----
@@ -91,7 +87,7 @@ def test_shared_model_is_seeded_identically_everywhere_and_is_one_object():
     shared = a.shared
     initial = {k: v.clone() for k, v in shared.state_dict().items()}
     payload = a.payload_for(a.init_server(_private()), 0)
-    work = LocalWork(payload, None, _rng())
+    work = LocalWork(payload, None, seeded())
     a.local_update(_private(), tiny_client(torch.tensor([0, 1, 2, 1]), S, seed=3), work)
     assert work.shared is not shared  # the update trains its own copy ...
     assert a.shared is shared and all(torch.equal(v, initial[k]) for k, v in shared.state_dict().items())
@@ -115,7 +111,7 @@ def test_reply_is_the_meme_model_and_the_state_is_the_private_model():
     private = _private(hidden=8)  # a different architecture from the shared mlp (hidden 200)
     payload = alg.payload_for(alg.init_server(private), 0)
     data = tiny_client(torch.tensor([0, 1, 2, 1, 0]), S, seed=4)
-    work = LocalWork(payload, None, _rng())
+    work = LocalWork(payload, None, seeded())
     reply, state = alg.local_update(private, data, work)
     assert set(reply) == {"model", "num_samples", "train_loss"} and reply["num_samples"] == 5
     assert {k: v.shape for k, v in reply["model"].items()} == {
@@ -132,7 +128,7 @@ def test_reply_is_the_meme_model_and_the_state_is_the_private_model():
     after = []
     for seed in (9, 10):
         handed = _private(hidden=8, seed=seed)
-        alg.local_update(handed, data, LocalWork(payload, state, _rng(2)))
+        alg.local_update(handed, data, LocalWork(payload, state, seeded(2)))
         after.append(handed.state_dict())
     assert all(torch.equal(after[0][k], after[1][k]) for k in after[0])
 
@@ -141,11 +137,11 @@ def test_with_alpha_beta_one_the_meme_trains_exactly_like_fedavg():
     data = tiny_client(torch.tensor([0, 1, 2, 1, 0, 2, 2]), S, seed=5)
     fml = _alg(alpha=1.0, beta=1.0)
     payload = fml.payload_for(fml.init_server(_private()), 0)
-    reply, _ = fml.local_update(_private(), data, LocalWork(payload, None, _rng()))
+    reply, _ = fml.local_update(_private(), data, LocalWork(payload, None, seeded()))
     fedavg = build_algorithm("fedavg")
     fedavg.setup(_ctx())
     model = build_model("mlp", 1, S, 2)
-    ref, _ = fedavg.local_update(model, data, LocalWork(payload, None, _rng()))
+    ref, _ = fedavg.local_update(model, data, LocalWork(payload, None, seeded()))
     assert all(torch.allclose(reply["model"][k], ref["model"][k], atol=1e-6) for k in ref["model"])
 
 

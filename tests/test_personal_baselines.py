@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import local_work, tiny_client, tiny_mlp
+from conftest import local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import fedrep as fedrep_module
 from fedpcd.algorithms.base import balanced_softmax_loss, log_prior, tensor_bytes
@@ -44,10 +44,6 @@ def _alg(name: str, epochs: int = 1, rounds: int = 1, **params):
 def _client(k: int = 0, labels: list[int] | None = None) -> ClientData:
     y = torch.tensor(labels if labels is not None else [0, 1, 1, 2, 2, 2, 0, 1])
     return tiny_client(y, 3, seed=7 + k, cid=k, local_test=True)
-
-
-def _rng(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _spy_optimisers(monkeypatch) -> list[set[int]]:
@@ -84,7 +80,7 @@ def test_replies_never_carry_the_private_part_and_state_holds_it(name, private):
     keys = {"head": head_keys(model), "body": backbone_keys(model), "all": list(model.state_dict())}[private]
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
-    reply, state = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
+    reply, state = alg.local_update(model, _client(), LocalWork(payload, None, seeded()))
     assert set(reply["model"]).isdisjoint(keys)
     assert set(reply["model"]) | set(keys) == set(model.state_dict())
     assert set(state) == set(keys)
@@ -106,12 +102,12 @@ def test_private_part_never_travels_and_a_new_client_starts_from_its_fresh_model
     assert all(set(p) == {"model"} and set(p["model"]) == shared for p in payloads)
     # a client without state starts from the private part of the model it is handed (the engine resets it
     # to the architecture's seeded initial weights), whatever the previous client left in that object
-    _, s0 = alg.local_update(model, _client(0), LocalWork(payloads[0], None, _rng()))
+    _, s0 = alg.local_update(model, _client(0), LocalWork(payloads[0], None, seeded()))
     model.load_state_dict(initial)
-    _, s1 = alg.local_update(model, _client(1), LocalWork(payloads[1], None, _rng()))
+    _, s1 = alg.local_update(model, _client(1), LocalWork(payloads[1], None, seeded()))
     model2 = tiny_mlp()
     payload2 = alg.payload_for(alg.init_server(model2), 1)
-    _, s1_fresh = alg.local_update(model2, _client(1), LocalWork(payload2, None, _rng()))
+    _, s1_fresh = alg.local_update(model2, _client(1), LocalWork(payload2, None, seeded()))
     assert _equal(s1, s1_fresh)
 
 
@@ -119,11 +115,11 @@ def test_fedper_trains_head_and_body_and_keeps_the_head_across_rounds():
     alg, model = _alg("fedper"), tiny_mlp()
     server = alg.init_server(model)
     p0 = alg.payload_for(server, 0)
-    reply, state = alg.local_update(model, _client(), LocalWork(p0, None, _rng()))
+    reply, state = alg.local_update(model, _client(), LocalWork(p0, None, seeded()))
     assert not torch.equal(state["head.weight"], server["initial"]["head.weight"])
     server = alg.aggregate(server, [reply])
     p1 = alg.payload_for(server, 0)
-    alg.begin_local(model, _client(), LocalWork(p1, state, _rng()))
+    alg.begin_local(model, _client(), LocalWork(p1, state, seeded()))
     assert torch.equal(model.head.weight, state["head.weight"])  # private head restored from the state
     assert all(torch.equal(model.state_dict()[k], v) for k, v in server["model"].items())
 
@@ -134,7 +130,7 @@ def test_global_model_is_averaged_body_with_the_initial_head(name):
     server = alg.init_server(model)
     replies = []
     for k in range(2):
-        reply, _ = alg.local_update(model, _client(k), LocalWork(alg.payload_for(server, k), None, _rng(k)))
+        reply, _ = alg.local_update(model, _client(k), LocalWork(alg.payload_for(server, k), None, seeded(k)))
         replies.append(reply)
     n = [r["num_samples"] for r in replies]
     server = alg.aggregate(server, replies)
@@ -149,9 +145,9 @@ def test_lgfedavg_averages_only_the_head_and_has_no_global_model():
     alg, model = _alg("lgfedavg"), tiny_mlp()
     server = alg.init_server(model)
     assert set(server["model"]) == set(head_keys(model))
-    r0, s0 = alg.local_update(model, _client(0), LocalWork(alg.payload_for(server, 0), None, _rng(0)))
+    r0, s0 = alg.local_update(model, _client(0), LocalWork(alg.payload_for(server, 0), None, seeded(0)))
     r1, _ = alg.local_update(
-        model, _client(1, [0, 0, 1]), LocalWork(alg.payload_for(server, 1), None, _rng(1))
+        model, _client(1, [0, 0, 1]), LocalWork(alg.payload_for(server, 1), None, seeded(1))
     )
     server = alg.aggregate(server, [r0, r1])
     torch.testing.assert_close(
@@ -159,7 +155,7 @@ def test_lgfedavg_averages_only_the_head_and_has_no_global_model():
     )
     assert alg.global_predictor(model, server) is None
     # own body, the new global head
-    alg.begin_local(model, _client(0), LocalWork(alg.payload_for(server, 0), s0, _rng()))
+    alg.begin_local(model, _client(0), LocalWork(alg.payload_for(server, 0), s0, seeded()))
     assert torch.equal(model.head.bias, server["model"]["head.bias"])
     assert all(torch.equal(model.state_dict()[k], v) for k, v in s0.items())
 
@@ -169,12 +165,14 @@ def test_local_communicates_nothing_and_has_no_global_model():
     server = alg.init_server(model)
     first = alg.payload_for(server, 0)
     assert tensor_bytes(first) == 0  # the client builds its own initial model
-    reply, state = alg.local_update(model, _client(), LocalWork(first, None, _rng()))
+    reply, state = alg.local_update(model, _client(), LocalWork(first, None, seeded()))
     assert tensor_bytes(reply) == 0
     assert tensor_bytes(alg.payload_for(server, 0)) == 0
     assert alg.aggregate(server, [reply]) is server
     assert alg.global_predictor(model, server) is None
-    reply2, state2 = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), state, _rng(2)))
+    reply2, state2 = alg.local_update(
+        model, _client(), LocalWork(alg.payload_for(server, 0), state, seeded(2))
+    )
     assert not _equal(state, state2)  # continues from its own model
 
 
@@ -185,7 +183,7 @@ def test_fedrep_trains_the_head_then_the_body(monkeypatch):
     alg, model = _alg("fedrep", head_epochs=2, body_epochs=1), tiny_mlp()
     seen = _spy_optimisers(monkeypatch)
     server = alg.init_server(model)
-    reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, _rng()))
+    reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, seeded()))
     head = _ids(model.head.parameters())
     assert seen == [head, _ids(model.parameters()) - head]
     assert not torch.equal(state["head.weight"], server["initial"]["head.weight"])
@@ -196,11 +194,11 @@ def test_fedrep_head_phase_leaves_the_body_and_body_phase_leaves_the_head():
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
     state = server["initial"]
-    alg.begin_local(model, _client(), LocalWork(payload, state, _rng()))
-    train_loop(alg, model, _client(), LocalWork(payload, state, _rng(), phase="head"), epochs=1)
+    alg.begin_local(model, _client(), LocalWork(payload, state, seeded()))
+    train_loop(alg, model, _client(), LocalWork(payload, state, seeded(), phase="head"), epochs=1)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in server["model"].items())
     head = {k: v.clone() for k, v in model.head.state_dict().items()}
-    train_loop(alg, model, _client(), LocalWork(payload, state, _rng(), phase="body"), epochs=1)
+    train_loop(alg, model, _client(), LocalWork(payload, state, seeded(), phase="body"), epochs=1)
     assert _equal(head, model.head.state_dict())
     assert not torch.equal(model.state_dict()["fc1.weight"], server["model"]["fc1.weight"])
 
@@ -211,13 +209,13 @@ def test_fedrep_head_epochs_compute_no_body_gradient_and_train_the_same_head():
     alg, model = _alg("fedrep"), tiny_mlp()
     server = alg.init_server(model)
     payload, state = alg.payload_for(server, 0), server["initial"]
-    alg.begin_local(model, _client(), LocalWork(payload, state, _rng()))
+    alg.begin_local(model, _client(), LocalWork(payload, state, seeded()))
     reference = copy.deepcopy(model)
-    train_loop(alg, model, _client(), LocalWork(payload, state, _rng(), phase="head"), epochs=3)
+    train_loop(alg, model, _client(), LocalWork(payload, state, seeded(), phase="head"), epochs=3)
     body = [p for p in model.parameters() if id(p) not in _ids(model.head.parameters())]
     assert body and all(p.grad is None and p.requires_grad for p in body)
 
-    work = LocalWork(payload, state, _rng(), phase="head")
+    work = LocalWork(payload, state, seeded(), phase="head")
     opt = torch.optim.SGD(reference.head.parameters(), lr=alg.ctx.local.lr)
     reference.train()
     for _ in range(3):
@@ -239,7 +237,7 @@ def test_fedrep_default_body_epochs_are_local_epochs(monkeypatch):
         return real(*args, epochs=epochs, lr=lr)
 
     monkeypatch.setattr(fedrep_module, "train_loop", count)
-    alg.local_update(model, _client(), LocalWork(alg.payload_for(alg.init_server(model), 0), None, _rng()))
+    alg.local_update(model, _client(), LocalWork(alg.payload_for(alg.init_server(model), 0), None, seeded()))
     assert calls == [0, None]  # head phase of 0 epochs, then the body for local.epochs (3)
 
 
@@ -253,7 +251,7 @@ def test_fedbabu_head_never_in_the_optimiser_and_unchanged_during_fl(monkeypatch
     initial = {k: v.clone() for k, v in server["initial"].items()}
     state = None
     for rnd in (1, 2):
-        work = LocalWork(alg.payload_for(server, 0), state, _rng(rnd), round=rnd)
+        work = LocalWork(alg.payload_for(server, 0), state, seeded(rnd), round=rnd)
         reply, state = alg.local_update(model, _client(), work)
         server = alg.aggregate(server, [reply])
         assert _equal(state, initial)  # the head the client keeps is the initial one, always
@@ -267,7 +265,7 @@ def test_fedbabu_finetunes_from_the_global_body_by_default():
     alg, model = _alg("fedbabu", finetune_epochs=0), tiny_mlp()
     server = alg.init_server(model)
     payload = alg.payload_for(server, 0)
-    reply, _ = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
+    reply, _ = alg.local_update(model, _client(), LocalWork(payload, None, seeded()))
     personal = alg.personal_predictor(model, local_work(payload))
     assert _equal({k: personal.state_dict()[k] for k in server["model"]}, server["model"])  # not local
     assert not _equal(reply["model"], server["model"])
@@ -276,10 +274,10 @@ def test_fedbabu_finetunes_from_the_global_body_by_default():
 def test_fedbabu_last_round_option_skips_finetuning_before_round_r():
     alg, model = _alg("fedbabu", rounds=2, finetune_when="last_round", finetune_lr=0.5), tiny_mlp()
     server = alg.init_server(model)
-    reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, _rng()))
+    reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, seeded()))
     assert _equal({k: model.state_dict()[k] for k in reply["model"]}, reply["model"])
     assert torch.equal(model.head.weight, state["head.weight"])
-    alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), state, _rng(), round=2))
+    alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), state, seeded(), round=2))
     assert not torch.equal(model.head.weight, state["head.weight"])
 
 
@@ -310,8 +308,8 @@ def test_fedrod_loss_gradients_go_where_the_paper_says():
     alg, model = _alg("fedrod"), tiny_mlp()
     data = _client(labels=[0, 0, 0, 1])
     h_p = {
-        "weight": torch.randn(3, model.feature_dim, generator=_rng()).requires_grad_(True),
-        "bias": torch.randn(3, generator=_rng(2)).requires_grad_(True),
+        "weight": torch.randn(3, model.feature_dim, generator=seeded()).requires_grad_(True),
+        "bias": torch.randn(3, generator=seeded(2)).requires_grad_(True),
     }
     x, y = data.x, data.y
     alg.loss(
@@ -341,10 +339,10 @@ def test_fedrod_personal_head_is_private_zero_initialised_and_added_to_generic_l
     alg.ctx = Context(
         3, 3, 1, 0, LocalTraining(epochs=1, batch_size=4, lr=0.0, momentum=0.0, weight_decay=0.0)
     )
-    _, state0 = alg.local_update(model, _client(), LocalWork(payload, None, _rng()))
+    _, state0 = alg.local_update(model, _client(), LocalWork(payload, None, seeded()))
     assert all((v == 0).all() for v in state0.values()) and set(state0) == {"weight", "bias"}
     alg.ctx = _alg("fedrod").ctx
-    work = LocalWork(payload, None, _rng())
+    work = LocalWork(payload, None, seeded())
     reply, state = alg.local_update(model, _client(), work)
     assert set(reply["model"]) == set(model.state_dict())  # no personal-head tensor in the reply
     assert not (state["weight"] == 0).all()
