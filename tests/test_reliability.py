@@ -247,6 +247,27 @@ def test_injected_nan_stops_the_run_naming_round_client_and_algorithm(tmp_path, 
     assert RunDir(out).load_checkpoint()["round"] == 1
 
 
+def test_a_stopped_run_says_where_and_why_until_it_goes_on(tmp_path, monkeypatch, capsys):
+    _poison(monkeypatch, client=1, rnd=2)
+    out = tmp_path / "runs" / "a"
+    assert main(["run", "--quiet", *SEQ, "clients=3", "rounds=3", f"output_dir={out}"]) == 2
+    error = capsys.readouterr().err.removeprefix("fedpcd: error: ").strip()
+    stopped = json.loads((out / "stopped.json").read_text())
+    assert stopped == {"round": 2, "error": "DivergenceError", "message": error}
+    monkeypatch.undo()  # the cause is fixed
+    finished = tmp_path / "runs" / "b"  # the same run, uninterrupted
+    run_experiment(_cfg(tmp_path, "runs/b", *SEQ, "clients=3", "rounds=3"), progress=False)
+    assert main(["report", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.endswith(
+        "Runs without a summary (stopped, or still running), left out above: "
+        "`a` (stopped in round 2: DivergenceError)\n"
+    )
+    assert main(["run", "--quiet", "--resume", str(out)]) == 0  # goes on from round 1's checkpoint
+    assert not (out / "stopped.json").exists() and run_summary(out)["rounds"] == 3
+    without_wall = [{k: v for k, v in r.items() if k != "wall_s"} for r in run_records(out)]
+    assert without_wall == [{k: v for k, v in r.items() if k != "wall_s"} for r in run_records(finished)]
+
+
 def test_huge_lr_is_a_divergence_not_nan_in_metrics(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["run", "--quiet", *SMALL, "clients=2", "rounds=2", "local.lr=1e6", f"output_dir={out}"]) == 2

@@ -23,6 +23,7 @@ class RunFiles:
     _PARTITION = "partition.json"
     _METRICS = "metrics.jsonl"
     _SUMMARY = "summary.json"
+    _STOPPED = "stopped.json"
     _CHECKPOINT_DIR = "checkpoint"
     _CHECKPOINT = "state.pt"
     _CLIENT_STATES = "client_states"
@@ -55,6 +56,12 @@ class RunFiles:
     def summary(self) -> Path:
         """``summary.json``: written when the run finishes."""
         return self.path / self._SUMMARY
+
+    @property
+    def stopped(self) -> Path:
+        """``stopped.json``: the round and error that stopped the run before its last round (removed when the
+        run goes on)."""
+        return self.path / self._STOPPED
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -113,6 +120,7 @@ class RunFiles:
             self.partition,
             self.metrics,
             self.summary,
+            self.stopped,
             self.checkpoint_dir,
             self.client_states,
             self.trackers,

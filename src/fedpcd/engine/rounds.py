@@ -150,7 +150,8 @@ def run_rounds(
     on_record: RecordHook | None = None,
 ) -> dict[str, Any]:
     """Run rounds ``checkpoint["round"] + 1 .. config.rounds`` (all of them without a checkpoint) in the
-    locked ``run_dir``; write metrics.jsonl, checkpoints and summary.json; return the summary.
+    locked ``run_dir``; write metrics.jsonl, checkpoints and summary.json; return the summary. A round that
+    raises (a divergence, a failed aggregation) leaves stopped.json naming it and the error.
 
     ``restart``: a resumed run that had no checkpoint yet starts again from round 0 (its config.yaml kept).
     Every record goes to the run's trackers (``tracking.loggers``, :mod:`fedpcd.trackers`), then to
@@ -189,8 +190,13 @@ def run_rounds(
             leave=False,
         ) as bar,
     ):
+        run_dir.discard_stopped()
         for rnd in bar:
-            server, record, round_wall = play_round(config, fed, algorithm, executor, server, rnd)
+            try:
+                server, record, round_wall = play_round(config, fed, algorithm, executor, server, rnd)
+            except Exception as exc:
+                run_dir.write_stopped(rnd, exc)
+                raise
             wall += round_wall
             if record is not None:
                 run_dir.append(record)

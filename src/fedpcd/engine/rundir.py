@@ -268,6 +268,18 @@ class RunDir(RunFiles):
         with writing(self.summary):
             self.summary.unlink(missing_ok=True)
 
+    def write_stopped(self, rnd: int, exc: Exception) -> None:
+        """Record in stopped.json that round ``rnd`` raised ``exc`` (best effort: a failure to write it must
+        not hide ``exc``)."""
+        stopped = {"round": rnd, "error": type(exc).__name__, "message": str(exc)}
+        with contextlib.suppress(OSError, UserError):
+            self._write_text(self.stopped, json.dumps(stopped, indent=2))
+
+    def discard_stopped(self) -> None:
+        """Remove stopped.json (the run goes on)."""
+        with writing(self.stopped):
+            self.stopped.unlink(missing_ok=True)
+
     def read_summary(self) -> dict[str, Any]:
         """summary.json; a corrupt one is a UserError naming it."""
         path = self.summary

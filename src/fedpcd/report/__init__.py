@@ -179,14 +179,23 @@ def load_runs(root: str | Path) -> list[Run]:
     return runs
 
 
-def unfinished_runs(root: str | Path) -> list[str]:
-    """Run folders below ``root`` (a config.yaml) without a summary.json, relative to ``root``, sorted."""
+def unfinished_runs(root: str | Path) -> list[tuple[str, str]]:
+    """Run folders below ``root`` (a config.yaml) without a summary.json, sorted: (path relative to ``root``,
+    why it stopped from its stopped.json, e.g. ``stopped in round 13: DivergenceError``, or "")."""
     root = Path(root)
     return sorted(
-        files.path.relative_to(root).as_posix()
+        (files.path.relative_to(root).as_posix(), _stopped_note(files.stopped))
         for files in RunFiles.started_below(root)
         if not files.summary.exists()
     )
+
+
+def _stopped_note(path: Path) -> str:
+    try:
+        stopped = json.loads(path.read_text(encoding="utf-8"))
+        return f"stopped in round {int(stopped['round'])}: {stopped['error']}"
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):  # absent or not fedpcd's
+        return ""
 
 
 def last_values(records: list[dict[str, Any]], key: str, last: int) -> list[float]:

@@ -93,8 +93,8 @@ def write_report(
     unfinished = unfinished_runs(root)
     if unfinished:
         text += (
-            "\nRuns without a summary (failed, or still running), left out above: "
-            + ", ".join(f"`{p}`" for p in unfinished)
+            "\nRuns without a summary (stopped, or still running), left out above: "
+            + ", ".join(f"`{p}` ({note})" if note else f"`{p}`" for p, note in unfinished)
             + "\n"
         )
     if title:
