@@ -17,7 +17,7 @@ finished=$(cd runs/leaderboard/fmnist && find . -mindepth 2 -maxdepth 2 -name su
 # runs that a round's error stopped (stopped.json: round and error): the report lists them under the tables
 stopped=$(cd runs/leaderboard/fmnist && find . -mindepth 2 -maxdepth 2 -name stopped.json -printf '%h\n' | sort)
 # shellcheck disable=SC2086  # one folder name per word (the sweep's names have no spaces)
-tar -C runs/leaderboard/fmnist --exclude=checkpoint -cf - $finished $stopped | tar -C docs/results/runs/leaderboard-fmnist -xf -
+tar -C runs/leaderboard/fmnist --exclude=checkpoint --exclude=.lock -cf - $finished $stopped | tar -C docs/results/runs/leaderboard-fmnist -xf -
 for run in $finished; do rm -f "docs/results/runs/leaderboard-fmnist/$run/stopped.json"; done  # went on since
 fedpcd report docs/results/runs/leaderboard-fmnist --last 3 --out docs/leaderboard.md \
   --title "fedpcd leaderboard: Fashion-MNIST under label skew" --notes configs/leaderboard/notes.md > /dev/null

@@ -13,4 +13,4 @@ config=configs/repro/$name.yaml
 fedpcd sweep --config "$config" --jobs "$jobs"
 fedpcd report "runs/repro/$name" --last 5 --out "docs/results/$name-report"
 mkdir -p docs/results/runs
-tar -C runs/repro --exclude=checkpoint --exclude=partition.json -cf - "$name" | tar -C docs/results/runs -xf -
+tar -C runs/repro --exclude=checkpoint --exclude=.lock --exclude=partition.json -cf - "$name" | tar -C docs/results/runs -xf -
