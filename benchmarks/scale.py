@@ -9,7 +9,7 @@ For each algorithm (FedAvg, FedPer, MOON, SCAFFOLD) and client-state backend (me
 2. ``--rounds`` ordinary rounds of ``--per-round`` sampled clients, with personal evaluation on the local
    test splits (``personal_test: split``) and GA in the last one.
 
-Clients are trained through the engine's executor seam (``fedpcd.engine.executor.train_clients``) with a
+Clients are trained through the engine's executor seam (``fedpcd.engine.executor.LocalExecutor``) with a
 :class:`fedpcd.engine.state_store.ClientStateStore` as the client states. Printed per run: peak RSS
 (``ru_maxrss``), RSS after the data and the federation were built, the number of stored states, bytes per
 client state (tensor bytes in memory, file size on disk), the state's share of the model, which keys it
@@ -35,7 +35,7 @@ import torch
 
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.config import load_config
-from fedpcd.engine.executor import train_clients
+from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation, global_accuracy, sample_clients
 from fedpcd.engine.state_store import ClientStateStore
 from fedpcd.run_format import PA_SPLIT
@@ -100,11 +100,11 @@ def run_one(args: argparse.Namespace, algorithm_name: str, backend: str, workdir
 
     def one_round(rnd: int, ids: list[int], evaluate: bool) -> list[dict[str, Any]]:
         nonlocal server
-        results = train_clients(algorithm, fed, server, ids, store, rnd, evaluate)
+        results = LocalExecutor(fed, states=store).train(algorithm, server, ids, rnd, evaluate)
         failed = [r for r in results if getattr(r, "error", None) is not None]
         if failed:
             raise RuntimeError(f"client {failed[0].client} failed: {failed[0].error!r}")
-        server = algorithm.aggregate(server, [r.reply for r in results])
+        server = algorithm.aggregate(server, [r.update for r in results])
         return [r.metrics for r in results if r.metrics]
 
     t1 = time.perf_counter()

@@ -5,7 +5,7 @@ In one process, with one torch thread (``--threads``), for each setting (model, 
 - plain: a hand-written loop training the same model class on the same samples (the union of the round's
   participants' samples, one shuffled pass, the same batch size and SGD settings): the reference;
 - sequential / vectorized: one FedAvg round through the engine's executor seam,
-  ``fedpcd.engine.executor.train_clients`` with ``engine.executor`` set in the config, plus ``aggregate``
+  ``fedpcd.engine.executor.LocalExecutor`` with ``engine.executor`` set in the config, plus ``aggregate``
   (no evaluation). ``vectorized`` is "n/a" while the config rejects it or ``fedpcd.engine.vectorized`` is
   missing.
 
@@ -17,7 +17,7 @@ participants); each throughput is samples trained / median seconds, and the rati
 2-core VM the first touch of fresh memory is slow (~120 ms per 45 MB reply beyond ~1.5 GB), so sequential
 resnet18 with 50-100 clients per round of 4 samples measures ~0.55x, ~0.7x once the process had touched
 that much memory before; a plain loop never holds more than one model.
-An end-to-end line adds personal evaluation every round (``train_clients(..., evaluate=True)``) and the
+An end-to-end line adds personal evaluation every round (``LocalExecutor.train(..., evaluate=True)``) and the
 global accuracy, against the same plain loop (training only: the target's reference); the line under it gives
 the ratios against a plain loop that also evaluates the same samples (:meth:`PlainLoop.evaluate`).
 
@@ -39,12 +39,15 @@ The full benchmark takes ~6-8 minutes on a loaded 2-core machine; ``--quick`` a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import resource
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,7 +59,7 @@ import torch.nn.functional as F
 
 from fedpcd.config import Config, load_config
 from fedpcd.data.datasets import DATASETS, Dataset
-from fedpcd.engine.executor import train_clients
+from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import Federation, build_federation, global_accuracy, sample_clients
 from fedpcd.errors import UserError
 
@@ -191,8 +194,9 @@ class FederatedRunner:
 
     def round(self, rnd: int, ids: list[int], evaluate: bool = False) -> float:
         t0 = time.perf_counter()
-        results = train_clients(self.algorithm, self.fed, self.server, ids, self.states, rnd, evaluate)
-        self.server = self.algorithm.aggregate(self.server, [r.reply for r in results])
+        executor = LocalExecutor(self.fed, states=self.states)
+        results = executor.train(self.algorithm, self.server, ids, rnd, evaluate)
+        self.server = self.algorithm.aggregate(self.server, [r.update for r in results])
         if evaluate:
             global_accuracy(self.algorithm, self.fed.model_for(0), self.fed, self.server)
         return time.perf_counter() - t0
@@ -417,6 +421,161 @@ def convolution_floor(batch_size: int = 64, repeats: int = 20) -> dict[str, floa
     return {"step_ms": _best_ms(step, repeats), "conv_ms": convs}
 
 
+# ----- the side-by-side: worker pool and evaluation, end to end ---------------------------------------------
+
+SIDE_ARGS = [  # FedAvg, Fashion-MNIST, Simple-CNN, 20 clients Dirichlet(0.1), batch 64, 1 local epoch
+    "dataset.name=fmnist",
+    "model.name=simplecnn",
+    "clients=20",
+    "partition.scheme=dirichlet",
+    "partition.beta=0.1",
+    "local.batch_size=64",
+    "local.epochs=1",
+    "engine.checkpoint_every=0",
+]
+TARGET_TRAIN_W2, TARGET_E2E_W2, TARGET_VEC_SPLIT_W2, TARGET_MEMORY_W2 = 1.8, 1.75, 2.4, 1.5
+
+
+class PeakMemory:
+    """The largest proportional set size (PSS: shared pages split between the processes that map them) of
+    this process and its children together, sampled every ``interval`` seconds in a thread."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        import psutil
+
+        self.process, self.interval, self.peak = psutil.Process(), interval, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _pss(self) -> float:
+        total = 0.0
+        for p in [self.process, *self.process.children(recursive=True)]:
+            with contextlib.suppress(Exception):  # a child that just exited
+                total += p.memory_full_info().pss
+        return total / 2**20
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._pss())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def side_config(fraction: float, rounds: int, out: str, *extra: str) -> Config:
+    return load_config(
+        None,
+        [*SIDE_ARGS, f"dataset.train_fraction={fraction}", f"rounds={rounds}", f"output_dir={out}", *extra],
+    )
+
+
+def train_only(fed: Federation, workers: int, rounds: int) -> tuple[float, float]:
+    """(seconds of ``rounds`` FedAvg rounds of every client, training and aggregation only, with ``workers``
+    processes, the pool's start included; the same without the first round)."""
+    algorithm = fed.new_algorithm()
+    server = algorithm.init_server(fed.model_for(0, fresh=True))
+    executor = LocalExecutor(fed, workers, states={})
+    times = []
+    try:
+        for rnd in range(1, rounds + 1):
+            t0 = time.perf_counter()
+            replies = executor.train(algorithm, server, list(range(len(fed.clients))), rnd, evaluate=False)
+            server = algorithm.aggregate(server, [r.update for r in replies])
+            times.append(time.perf_counter() - t0)
+    finally:
+        executor.close()
+    return sum(times), sum(times[1:])
+
+
+def end_to_end(
+    fraction: float, rounds: int, workers: int, executor: str, personal_test: str
+) -> dict[str, Any]:
+    """One ``run_local`` run (evaluation every round): its rounds' wall time (the pool's start included) and
+    the peak memory of its processes."""
+    from fedpcd.engine.simulation import run_local
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = side_config(
+            fraction,
+            rounds,
+            f"{tmp}/run",
+            f"engine.workers={workers}",
+            f"engine.executor={executor}",
+            f"personal_test={personal_test}",
+        )
+        with PeakMemory() as memory:
+            summary = run_local(config, progress=False)
+    return {"wall_s": summary["wall_s"], "peak_pss_mb": memory.peak}
+
+
+def side_by_side(fraction: float, rounds: int, repeats: int) -> dict[str, Any]:
+    """The issue's comparison in one process: a plain loop and fedpcd (training only, and end to end with
+    evaluation every round) at 1 and 2 processes, as throughput ratios to the plain loop, plus peak memory."""
+    fed = build_federation(side_config(fraction, rounds, "unused"))
+    samples = sum(c.num_samples for c in fed.clients)
+    plain = PlainLoop(fed)
+    ids = list(range(len(fed.clients)))
+    variants: dict[str, Callable[[], float]] = {
+        "plain": lambda: sum(plain.round(r, ids) for r in range(1, rounds + 1)),
+        "train w1": lambda: train_only(fed, 1, rounds)[0],
+        "train w2": lambda: train_only(fed, 2, rounds)[0],
+    }
+    memory: dict[str, list[float]] = {}
+    for workers in (1, 2):
+        for executor, test in (("sequential", "full"), ("sequential", "split"), ("vectorized", "split")):
+            name = f"e2e {executor} {test} w{workers}"
+
+            def run(w: int = workers, e: str = executor, t: str = test, n: str = name) -> float:
+                row = end_to_end(fraction, rounds, w, e, t)
+                memory.setdefault(n, []).append(row["peak_pss_mb"])
+                return row["wall_s"]
+
+            variants[name] = run
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):  # alternating: drifts in the machine's load hit every variant alike
+        for name, fn in variants.items():
+            seconds[name].append(fn())
+    rate = {name: samples * rounds / statistics.median(ts) for name, ts in seconds.items()}
+    ratios = {name: r / rate["plain"] for name, r in rate.items()}
+    peak = {name: statistics.median(ms) for name, ms in memory.items()}
+    return {"samples_per_round": samples, "rounds": rounds, "ratios": ratios, "peak_pss_mb": peak}
+
+
+def print_side_by_side(side: dict[str, Any]) -> list[str]:
+    """The table, and the targets it misses."""
+    ratios, peak = side["ratios"], side["peak_pss_mb"]
+    print(
+        f"\nside by side: FedAvg, fmnist, simplecnn, 20 clients Dir(0.1), batch 64, 1 epoch, "
+        f"{side['samples_per_round']} samples x {side['rounds']} rounds; throughput / plain loop's"
+    )
+    print(f"{'':34} {'workers 1':>10} {'workers 2':>10} {'peak PSS w1 -> w2 (MB)':>24}")
+    print(f"{'plain loop (training only)':34} {1.0:>10.2f}")
+    print(f"{'fedpcd training only':34} {ratios['train w1']:>10.2f} {ratios['train w2']:>10.2f}")
+    for executor, test in (("sequential", "full"), ("sequential", "split"), ("vectorized", "split")):
+        label = f"e2e {executor}, personal_test {test}"
+        a, b = f"e2e {executor} {test} w1", f"e2e {executor} {test} w2"
+        mem = f"{peak[a]:.0f} -> {peak[b]:.0f} ({peak[b] / peak[a]:.2f}x)"
+        print(f"{label:34} {ratios[a]:>10.2f} {ratios[b]:>10.2f} {mem:>24}")
+    misses = []
+    for name, target in (
+        ("train w2", TARGET_TRAIN_W2),
+        ("e2e sequential full w2", TARGET_E2E_W2),
+        ("e2e vectorized split w2", TARGET_VEC_SPLIT_W2),
+    ):
+        if ratios[name] < target:
+            misses.append(f"{name}: {ratios[name]:.2f}x < {target}x")
+    mem = peak["e2e sequential full w2"] / peak["e2e sequential full w1"]
+    if mem > TARGET_MEMORY_W2:
+        misses.append(f"peak memory of workers 2: {mem:.2f}x workers 1 > {TARGET_MEMORY_W2}x")
+    return misses
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes on synthetic data (a smoke test)")
@@ -439,6 +598,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--e2e-test", default="split", choices=["split", "full", "none"], help="personal_test of the e2e line"
     )
+    parser.add_argument(
+        "--side-by-side",
+        type=float,
+        default=0.25,
+        metavar="FRACTION",
+        help="first, the worker pool's side-by-side on this fraction of Fashion-MNIST (0: skip it)",
+    )
+    parser.add_argument("--side-rounds", type=int, default=3, help="rounds of each side-by-side run")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
@@ -452,6 +619,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{'available' if vectorized_available() else 'n/a (fedpcd.engine.vectorized missing)'}",
         flush=True,
     )
+    side, side_misses = None, []
+    if args.side_by_side > 0 and not args.quick:
+        side = side_by_side(args.side_by_side, args.side_rounds, args.repeats or 2)
+        side_misses = print_side_by_side(side)
+        print(flush=True)
     print(HEADER + "\n" + "-" * len(HEADER), flush=True)
     rows: list[dict[str, Any]] = []
     for setting in settings_for(args.models, clients, per_round, args.quick, args.samples, args.repeats):
@@ -469,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
             f"no exact executor on these kernels exceeds {step / convs:.2f}x"
         )
     ok, misses = check(rows)
+    misses += side_misses
+    ok = ok and not side_misses
     print(f"\npeak RSS {peak_rss_mb():.0f} MB; {time.perf_counter() - t0:.0f} s")
     print(
         f"targets: sequential >= {TARGET_SEQ}x; vectorized >= {TARGET_VEC_10}x (10 simplecnn clients/round), "
@@ -479,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     print("overall: " + ("PASS" if ok else "FAIL"))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"rows": rows, "pass": ok, "misses": misses}, fh, indent=2)
+            json.dump({"rows": rows, "side_by_side": side, "pass": ok, "misses": misses}, fh, indent=2)
     return 1 if args.strict and not ok else 0
 
 

@@ -2,7 +2,7 @@
 
 Both sides train the same model class on the same samples with the same batch size and optimiser, in one
 process, alternating, with one torch thread:
-- federated: one FedAvg round, 10 clients x 1 local epoch, through the engine's client_step and aggregate
+- federated: one FedAvg round, 10 clients x 1 local epoch, through the engine's run_client and aggregate
   (evaluation excluded);
 - plain: one epoch of a hand-written loop over the same in-memory tensors (shuffled index batches).
 ratio = plain time / federated time = federated throughput / plain throughput. Absolute times on a shared
@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from fedpcd.config import load_config
-from fedpcd.engine.federation import build_federation, client_step
+from fedpcd.engine.client_update import run_client
+from fedpcd.engine.federation import build_federation
+from fedpcd.engine.tasks import ClientTask
 
 
 def main() -> None:
@@ -60,10 +62,9 @@ def main() -> None:
         replies = []
         for client in fed.clients:
             payload = algorithm.payload_for(server, client.id)
-            reply, _, _ = client_step(
-                algorithm, model, client, payload, None, seed=0, rnd=rnd, evaluate=False
+            replies.append(
+                run_client(algorithm, fed, ClientTask(rnd, client.id, payload, None, False)).update
             )
-            replies.append(reply)
         server = algorithm.aggregate(server, replies)
         return time.perf_counter() - t0
 

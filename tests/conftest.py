@@ -11,6 +11,9 @@ import torch
 
 # FEDPCD_TEST_THREADS: run the suite under another thread count (results must not depend on it)
 torch.set_num_threads(int(os.environ.get("FEDPCD_TEST_THREADS", "1")))
+# one core per test process (the suite already spreads its files over the cores): engine.workers: auto runs
+# in-process, also in the CLI processes the tests start; the worker pool's tests ask for workers explicitly
+os.environ["FEDPCD_CORES"] = "1"
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 

@@ -202,6 +202,11 @@ def test_unknown_dataset_lists_choices():
         "digits",
         "synthetic",
         "synthetic16",
+        "fc100",
+        "tinyimagenet",
+        "femnist",
+        "shakespeare",
+        "isic2019",
     }
 
 

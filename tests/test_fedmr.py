@@ -320,3 +320,25 @@ def test_end_to_end_variants_run(tmp_path):
         ],
     )
     assert all(math.isfinite(r["global_acc"]) and math.isfinite(r["train_loss"]) for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("weighting", "counts", "expected"),
+    [
+        # B = 4: floor(n_k / 4) = 2 and 1 -> (2 * 1 + 1 * 4) / 3 = 2; n_k: (9 * 1 + 7 * 4) / 16 = 37 / 16
+        ("batches", (9, 7), 2.0),
+        ("samples", (9, 7), 37 / 16),
+        ("batches", (3, 2), (3 * 1 + 2 * 4) / 5),  # every floor(n_k / B) is 0: n_k
+    ],
+)
+def test_model_average_weights_by_samples_or_by_full_batches(weighting, counts, expected):
+    alg = _fedmr(mu2=0.0, weighting=weighting)
+    replies = [
+        {"model": {"w": torch.full((2,), value, dtype=F64)}, "num_samples": n}
+        for value, n in zip((1.0, 4.0), counts, strict=True)
+    ]
+    server = alg.aggregate({"model": {"w": torch.zeros(2, dtype=F64)}}, replies)
+    torch.testing.assert_close(server["model"]["w"], torch.full((2,), expected, dtype=F64))
+    assert alg.aggregation_weights(replies) == (
+        [2.0, 1.0] if (weighting, counts) == ("batches", (9, 7)) else [float(n) for n in counts]
+    )

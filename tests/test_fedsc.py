@@ -411,3 +411,15 @@ def test_nid2_through_make_partition_and_bad_client_count():
     assert [len(p) for p in part.train] == [50] * 6
     with pytest.raises(UserError, match="nid2 needs exactly"):
         make_partition(labels, labels, 10, "nid2", {}, seed=0)
+
+
+def test_self_mse_cpdr_is_the_official_codes_zero_term():
+    """[C]'s CPDR target falls back to the features themselves: the term is 0 and has zero gradient, where
+    mse_mean (its intended form) is the mean over dimensions of (z - o)^2."""
+    z = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.0, -1.0]], requires_grad=True)
+    target = torch.tensor([[0.0, 0.0, 0.0], [0.5, 1.0, 1.0]])
+    zero = cpdr_loss(z, target, "self_mse")
+    assert torch.equal(zero, torch.zeros(2))
+    (grad,) = torch.autograd.grad(zero.sum(), z)
+    assert torch.equal(grad, torch.zeros_like(z))
+    torch.testing.assert_close(cpdr_loss(z, target, "mse_mean"), torch.tensor([14 / 3, 5 / 3]))

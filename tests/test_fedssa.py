@@ -53,9 +53,11 @@ def test_schedule_values():
     assert stabilisation_weight(0, 0.7, 0) == 0.0
 
 
-def test_default_t_stable_follows_the_official_scripts():
+def test_default_t_stable_is_2_and_null_follows_the_official_scripts():
     assert _alg(heterogeneous=True).stable_rounds() == 2
-    assert _alg(heterogeneous=False).stable_rounds() == 45
+    assert _alg(heterogeneous=False).stable_rounds() == 2  # 45 only with its whole setting (preset official)
+    assert _alg(heterogeneous=True, t_stable=None).stable_rounds() == 2
+    assert _alg(heterogeneous=False, t_stable=None).stable_rounds() == 45
     assert _alg(t_stable=7).stable_rounds() == 7
     assert _alg(case="B").mu(0) == 0.0 and _alg(case="A").mu(0) == 0.0 and _alg().mu(0) == 0.5
 

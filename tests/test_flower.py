@@ -298,7 +298,7 @@ def _round_one_replies(args: list[str]) -> tuple[list, int]:
     algorithm = fed.new_algorithm()
     server = algorithm.init_server(fed.model_for(0, fresh=True))
     results = LocalExecutor(fed).train(algorithm, server, list(range(len(fed.clients))), 1, False)
-    return [r.reply for r in results], max(c.num_samples for c in fed.clients)
+    return [r.update for r in results], max(c.num_samples for c in fed.clients)
 
 
 def _assert_secure_mean(server_model: dict, replies: list, max_weight: int) -> None:

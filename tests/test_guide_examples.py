@@ -28,7 +28,7 @@ from fedpcd.algorithms.base import clone_state, local_steps, tensor_bytes
 from fedpcd.cli import main
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
-from fedpcd.engine.executor import train_sequential
+from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.vectorized import blocker
@@ -272,13 +272,13 @@ def test_guide_per_keeps_the_head_on_the_client(guide, tmp_path):
     for rnd in (1, 2):
         for k in range(3):
             assert set(algorithm.payload_for(server, k)["model"]) == body  # nothing of a head goes down
-        results = train_sequential(algorithm, fed, server, [0, 1, 2], states, rnd, evaluate=True)
+        results = LocalExecutor(fed, states=states).train(algorithm, server, [0, 1, 2], rnd, evaluate=True)
         for r in results:
             assert r.error is None, r.error
-            assert set(r.reply["model"]) == body  # nor up
+            assert set(r.update["model"]) == body  # nor up
             assert set(states[r.client]) == head  # the client keeps its own head ...
             assert not _equal_states(states[r.client], initial_head)  # ... trained
-        server = algorithm.aggregate(server, [r.reply for r in results])
+        server = algorithm.aggregate(server, [r.update for r in results])
         assert set(server["model"]) == body
         assert _equal_states(server["initial"], initial_head)  # no client's head reached the server
     assert not _equal_states(states[0], states[1])  # personal: each client has its own

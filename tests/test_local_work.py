@@ -16,7 +16,7 @@ from torch import nn
 
 from fedpcd.algorithms import ALGORITHMS, FedAvg, LocalWork
 from fedpcd.config import load_config
-from fedpcd.engine.executor import train_clients
+from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation, global_evaluation
 
 SMALL = [
@@ -99,10 +99,10 @@ def test_a_round_leaves_the_algorithm_object_unchanged(name: str, variant: list[
         before = _snapshot(algorithm)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the vectorized executor's fall-back notice
-            results = train_clients(algorithm, fed, server, ids, states, rnd, evaluate=True)
+            results = LocalExecutor(fed, states=states).train(algorithm, server, ids, rnd, True)
         assert all(r.error is None for r in results), [r.error for r in results]
         assert not _changed(before, _snapshot(algorithm)), f"a client update changed {name}'s attributes"
-        server = algorithm.aggregate(server, [r.reply for r in results])
+        server = algorithm.aggregate(server, [r.update for r in results])
         global_evaluation(algorithm, fed.model_for(0), fed, server)
         list(algorithm.extra_global_predictors(fed.model_for(0), server))
         assert not _changed(before, _snapshot(algorithm)), f"the server side changed {name}'s attributes"

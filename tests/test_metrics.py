@@ -17,6 +17,7 @@ from fedpcd.engine.metrics import (
     summarize,
 )
 from fedpcd.engine.records import round_record, summary_of
+from fedpcd.engine.tasks import ClientReply
 
 
 def test_per_class_accuracy_by_hand():
@@ -108,19 +109,20 @@ def test_predict_and_accuracy():
 
 
 def test_round_record_and_summary():
-    replies = [{"num_samples": 10, "train_loss": 1.0}, {"num_samples": 30, "train_loss": 2.0}]
     evals = [
         {"personal_acc": 0.5, "pa_l": 0.4, "pa_v": 0.3, "pa_global": 0.2},
         {"personal_acc": 1.0, "pa_l": 0.8, "pa_v": 0.6, "pa_global": 0.4},
     ]
-    r1 = round_record(1, 0.7, replies, evals, [0, 1], 100, 200, 1.5)
+    updates = [{"num_samples": 10, "train_loss": 1.0}, {"num_samples": 30, "train_loss": 2.0}]
+    replies = [ClientReply(k, u, e, 0, 0) for k, (u, e) in enumerate(zip(updates, evals, strict=True))]
+    r1 = round_record(1, 0.7, replies, [0, 1], 100, 200, 1.5)
     assert r1["personal_acc"] == pytest.approx(0.75)
     assert r1["personal_acc_weighted"] == pytest.approx((5 + 30) / 40)
     assert r1["pa_l"] == pytest.approx(0.6) and r1["pa_v_worst10"] == pytest.approx(0.3)
     assert r1["pa_global"] == pytest.approx(0.3) and r1["pa_global_weighted"] == pytest.approx(0.35)
     assert r1["train_loss"] == pytest.approx(1.75)
     assert (r1["bytes_up"], r1["bytes_down"]) == (100, 200)
-    r2 = round_record(2, 0.6, replies, evals, [0, 1], 100, 200, 1.0)
+    r2 = round_record(2, 0.6, replies, [0, 1], 100, 200, 1.0)
     s = summary_of([r1, r2], 2.5, 2)
     assert s["final"]["round"] == 2 and s["final"]["global_acc"] == pytest.approx(0.6)
     assert s["best"]["global_acc"] == pytest.approx(0.7) and s["best_round"]["global_acc"] == 1

@@ -10,6 +10,7 @@ from fedpcd.errors import UserError
 from fedpcd.models import MODELS, FedModel, backbone_keys, build_model, head_keys
 
 ALL = ["conv2cifar", "simplecnn", "resnet18", "mlp", "cnn1", "cnn2", "cnn3", "cnn4", "cnn5"]
+MORE = ["resnet10", "wrn", "efficientnet_b0", "lstm"]  # tests/test_models_more.py
 INPUTS = [(1, 28), (3, 32)]
 FEATURE_DIM = {
     "conv2cifar": 192,
@@ -34,7 +35,7 @@ def n_params(model: nn.Module) -> int:
 
 
 def test_registry_names() -> None:
-    assert sorted(ALL) == MODELS.names()
+    assert sorted([*ALL, *MORE]) == MODELS.names()
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -157,7 +158,8 @@ def test_functional_call_matches_forward() -> None:
 
 @pytest.mark.parametrize("name", ["simplecnn", "cnn1", "cnn5"])
 def test_too_small_input_is_user_error(name: str) -> None:
-    with pytest.raises(UserError, match=rf"input 1x8x8 is too small for model '{name}'; use one of: mlp"):
+    too_small = rf"input 1x8x8 is too small for model '{name}'; use one of: efficientnet_b0, mlp, resnet10"
+    with pytest.raises(UserError, match=too_small):
         build_model(name, 1, 10, 8)
     with pytest.raises(UserError, match="too small"):
         build_model(name, 3, 10, 15)
@@ -167,7 +169,7 @@ def test_too_small_input_is_user_error(name: str) -> None:
 def test_too_small_message_lists_accepting_models() -> None:
     with pytest.raises(UserError) as info:
         build_model("simplecnn", 1, 10, 8)
-    assert str(info.value).endswith("use one of: mlp, resnet18")
+    assert str(info.value).endswith("use one of: efficientnet_b0, mlp, resnet10, resnet18, wrn")  # not lstm
 
 
 def test_unknown_name_is_user_error() -> None:

@@ -2,16 +2,19 @@
 launch any of them without a config error.
 
 Shrunk for one CPU thread (each a dotted override, applied to every run of the sweep file):
-``dataset.train_fraction=0.01``, ``rounds=2``, ``local.epochs=1`` (the papers' 5-10), and ResNet-18 replaced
-by ``simplecnn`` (a 2-round ResNet-18 run on 1% of CIFAR-10 takes about 100 s here; the other models are
-kept), and a Dirichlet ``min_size`` scaled by the same fraction; four CIFAR-100 files need 2-5% (``LARGER``).
+``dataset.train_fraction=0.01``, ``rounds=2``, ``local.epochs=1`` (the papers' 5-10), and ResNet-18 and the
+wide ResNet replaced by ``simplecnn`` where the model section names nothing else (a 2-round ResNet-18 run on
+1% of CIFAR-10 takes about 100 s here; the other models are kept), and a Dirichlet ``min_size`` scaled by
+the same fraction; four CIFAR-100 files need 2-5%, and the stand-ins of the new formats 20-100% (``LARGER``).
 Of each file's grid, the first run of the paper's own method (the file name's prefix) at the first seed;
-``FEDPCD_PAPER_CONFIGS=all`` runs every cell of the first seed (every partition, setting and baseline: 485
+``FEDPCD_PAPER_CONFIGS=all`` runs every cell of the first seed (every partition, setting and baseline: 562
 runs). Every cell's values are checked when the grid is expanded (test_shipped_configs.py).
 
 CIFAR-10/100 and SVHN are stand-ins in the official file formats with the official train sizes (random
 images, so the 1% subset has the paper's sample counts per client) and small test sets; Fashion-MNIST is the
-real train set with a class-stratified 500-image slice of its test set.
+real train set with a class-stratified 500-image slice of its test set. FEMNIST and Shakespeare (LEAF JSON,
+50 writers / roles), Tiny-ImageNet (20 classes of 16x16 JPEGs) and Fed-ISIC2019 (FLamby's layout, 6 centres)
+are small random stand-ins in their real formats; FC100 is read from the CIFAR-100 stand-in.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import yaml
 
 from conftest import FMNIST_DIR, requires_fmnist
 from dataset_files import make_cifar, make_svhn, write_idx
+from dataset_files_more import make_femnist, make_isic, make_shakespeare, make_tiny
 from fedpcd.config import Config, config_from_dict
 from fedpcd.data.datasets import load_dataset, stratified_subset
 from fedpcd.data.files import SKIP_CHECKSUMS_VAR
@@ -42,7 +46,15 @@ LARGER = {
     "fedmr-cifar100-p10c50": 0.02,
     "fedssa-cifar100-n50": 0.05,
     "fedssa-cifar100-n100": 0.05,
+    # stand-ins of the LEAF / FLamby sets hold just enough writers, roles or centres: kept whole
+    "fedgela-femnist": 1.0,
+    "fedgela-shakespeare": 1.0,
+    "fedgela-isic2019": 1.0,
+    # 20 classes x 100 images: 20% gives FedNH's 100 clients their (scaled) 2 samples each
+    "fednh-tinyimagenet": 0.2,
+    "fedsc-tinyimagenet": 0.2,
 }
+SMALLER_MODELS = ("resnet18", "wrn")  # replaced by simplecnn (WRN-28-10 is 36M weights)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +64,11 @@ def data_root(tmp_path_factory):
     make_cifar(root, hundred=False, per_batch=10000, n_test=200)
     make_cifar(root, hundred=True, per_batch=10000, n_test=500)
     make_svhn(root, n_train=73257, n_test=200)
+    # the LEAF, Tiny-ImageNet and FLamby formats (fc100 reads the CIFAR-100 files above)
+    make_femnist(root / "femnist", writers=50, per_writer=(4, 2))
+    make_shakespeare(root / "shakespeare", roles=50, per_role=(3, 2))
+    make_tiny(root, classes=20, per_class=100, val=40, side=16)
+    make_isic(root / "isic2019", per_center=(6, 2))
     fmnist = root / "fashion-mnist"
     fmnist.mkdir()
     for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"):
@@ -75,7 +92,8 @@ def smoke_runs(path: Path, root: Path, out: Path) -> list:
         f"dataset.root={root}",
         f"output_dir={out}",
     ]
-    if raw.get("model", {}).get("name") == "resnet18":
+    model = raw.get("model", {})
+    if model.get("name") in SMALLER_MODELS and set(model) == {"name"}:
         overrides.append("model.name=simplecnn")
     first_seed = raw["sweep"]["seed"][0] if "seed" in raw["sweep"] else raw.get("seed", 0)
     cells = [c for c in expand_sweep(path, overrides) if c.seed == first_seed]
@@ -95,7 +113,7 @@ def scaled_min_size(config: Config, fraction: float) -> Config:
 
 
 def test_every_paper_file_is_covered():
-    assert len(PAPER) == 41
+    assert len(PAPER) == 48
     for path in PAPER:
         raw = yaml.safe_load(path.read_text())
         assert "sweep" in raw, path.name

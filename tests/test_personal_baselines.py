@@ -337,7 +337,11 @@ def test_fedrod_personal_head_is_private_zero_initialised_and_added_to_generic_l
     payload = alg.payload_for(server, 0)
     assert set(payload["model"]) == set(model.state_dict())  # body + generic head are shared
     alg.ctx = Context(
-        3, 3, 1, 0, LocalTraining(epochs=1, batch_size=4, lr=0.0, momentum=0.0, weight_decay=0.0)
+        3,
+        3,
+        1,
+        0,
+        LocalTraining.model_construct(epochs=1, batch_size=4, lr=0.0, momentum=0.0, weight_decay=0.0),
     )
     _, state0 = alg.local_update(model, _client(), LocalWork(payload, None, seeded()))
     assert all((v == 0).all() for v in state0.values()) and set(state0) == {"weight", "bias"}

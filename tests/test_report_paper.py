@@ -413,3 +413,43 @@ def test_global_accuracy_per_class_is_recorded_and_drawn_for_one_run(tmp_path, c
     assert main(["report", str(run), "--out", str(tmp_path / "one")]) == 0
     assert "![accuracy per class](classes.png)" in (tmp_path / "one" / "report.md").read_text()
     assert (tmp_path / "one" / "classes.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_run_stopped_by_divergence_ranks_its_method_last_in_that_setting(tmp_path):
+    """fedprox ties fedavg on Dir(0.1) and has no finished IID run; a seed of each stopped by divergence
+    (stopped.json beside the finished runs) ranks it last in both settings; another error does not count."""
+    from fedpcd.config import config_from_dict, dump_config
+    from fedpcd.report.paper import diverged_cells
+
+    fedavg, fedprox = {"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}
+    iid = {"scheme": "iid"}
+
+    def placed(run: Run, name: str) -> Run:
+        config = config_from_dict(run.config)
+        (tmp_path / name).mkdir()
+        dump_config(config, tmp_path / name / "config.yaml")
+        return Run(tmp_path / name, config.to_dict(), run.records, run.summary)
+
+    def stopped(algorithm: dict, partition: dict, seed: int, error: str, clients: int = 10) -> None:
+        config = config_from_dict(_run(algorithm, partition, seed, [0.1], [0.1], clients=clients).config)
+        folder = tmp_path / f"stopped_{algorithm['name']}_{partition['scheme']}_{seed}_{error}"
+        folder.mkdir()
+        dump_config(config, folder / "config.yaml")
+        (folder / "stopped.json").write_text(f'{{"round": 3, "error": "{error}", "message": "x"}}')
+
+    runs = [placed(run, f"run{i}") for i, run in enumerate(_runs())]
+    runs.append(placed(_run(fedavg, iid, 0, [0.5], [0.5]), "iid_fedavg"))
+    grid = build_grid(runs)
+    assert grid.settings == ["IID", "P10C2", "Dir(0.1) K=100"]
+    assert diverged_cells(grid) == set()
+    before = {"fedavg": [1.0, 1.0, 1.5], "fedprox mu=0.1": [2.0, 1.5]}
+    assert mean_ranks(grid, "global_acc", "last", 2) == before
+    stopped(fedprox, DIRICHLET, 1, "DivergenceError", clients=100)
+    stopped(fedprox, iid, 0, "DivergenceError")
+    stopped(fedavg, PATHOLOGICAL, 2, "RuntimeError")  # not a divergence: no effect
+    assert diverged_cells(grid) == {("fedprox mu=0.1", "Dir(0.1) K=100"), ("fedprox mu=0.1", "IID")}
+    assert mean_ranks(grid, "global_acc", "last", 2) == {
+        "fedavg": [1.0, 1.0, 1.0],
+        "fedprox mu=0.1": [2.0, 2.0, 2.0],
+    }
+    assert _cells(ranking_table(grid, last=2), "fedprox mu=0.1")[0] == "2.0 (3)"

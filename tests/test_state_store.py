@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedpcd.config import load_config
-from fedpcd.engine.executor import train_clients
+from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.state_store import ClientStateStore, compact, state_store_for
 from fedpcd.errors import UserError
@@ -94,8 +94,8 @@ def test_disk_store_trains_like_a_dict(tmp_path, algorithm):
         algo = fed.new_algorithm()
         server = algo.init_server(fed.model_for(0, fresh=True))
         for rnd in (1, 2):
-            results = train_clients(algo, fed, server, [0, 2], states, rnd, evaluate=False)
-            server = algo.aggregate(server, [r.reply for r in results])
+            results = LocalExecutor(fed, states=states).train(algo, server, [0, 2], rnd, evaluate=False)
+            server = algo.aggregate(server, [r.update for r in results])
         assert sorted(states) == [0, 2]
         servers.append(server["model"])
     for key, value in servers[0].items():

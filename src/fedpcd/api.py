@@ -253,6 +253,13 @@ def _block(kind: str, name: str, obj: Any) -> str:
         return "\n".join(lines)
     defaults = spec.validate({})  # as a config gets them (e.g. longtail's ``then`` with its scheme's)
     rows = [[key, type_text(spec.annotations[key]), _default_text(value)] for key, value in defaults.items()]
+    if kind == "algorithm":
+        from fedpcd.algorithms.presets import describe_presets
+
+        presets = describe_presets(name)
+        if presets:
+            lines.append("presets (set as algorithm.preset=<name>; a key set in the config wins):")
+            lines.extend(presets)
     lines.append(f"parameters (set as {SECTIONS[kind]}.<parameter>=<value>):")
     lines.extend(line.rstrip() for line in text_table(rows, ["parameter", "type", "default"]).splitlines())
     return "\n".join(lines)

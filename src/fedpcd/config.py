@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedpcd.config_input import check_values, merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import UserError, clip, short
-from fedpcd.params import validate_params
+from fedpcd.params import LocalTraining, validate_params
 
 MAX_THREADS = 1024  # engine.threads
 MAX_MODEL_PARAMS = 10**8  # weights of one model, for the largest built-in input (3x32x32, 100 classes)
@@ -85,22 +85,30 @@ class ModelConfig(_Open):
 
 
 class AlgorithmConfig(_Open):
+    """``name``: a registered algorithm; ``preset``: one of its named settings (``paper``, ``official``, ...;
+    ``fedpcd list NAME`` shows them), filled in by ``fedpcd.algorithms.presets.apply_preset`` wherever the
+    config does not set the key itself. Other keys are the algorithm's own parameters."""
+
     name: str = "fedavg"
 
+    @property
+    def preset(self) -> str | None:
+        """The preset the config names (None: none)."""
+        return (self.model_extra or {}).get("preset")
 
-class LocalConfig(_Strict):
-    epochs: int = Field(1, ge=1)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(0.01, gt=0.0)
-    lr_decay: float = Field(1.0, gt=0.0, le=1.0)  # lr in round r = lr * lr_decay^(r-1) (FedNH: 0.99)
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    weight_decay: float = Field(1.0e-5, ge=0.0)
-    grad_clip: float | None = Field(None, gt=0.0)
+    def params(self) -> dict[str, Any]:
+        """The algorithm's own parameters (everything but the name and the preset)."""
+        return {k: v for k, v in super().params().items() if k != "preset"}
 
 
 class EngineConfig(_Strict):
-    # auto: vectorized where it applies (engine/vectorized.py), else sequential
+    # sequential: one client after another; vectorized: a round's clients at once where the algorithm allows
+    # (fedpcd.engine.vectorized; rounding-level differences); auto: sequential on this release
     executor: Literal["auto", "sequential", "vectorized"] = "auto"
+    # processes training a round's clients (fedpcd.engine.pool): 1 = this process only; N; auto = the usable
+    # cores, capped by the clients per round and memory, 1 for a run too short to gain from more. Sequential
+    # runs give bitwise the same results for any value
+    workers: int | Literal["auto"] = Field("auto", union_mode="left_to_right")
     threads: int | None = Field(None, ge=1, le=MAX_THREADS)
     checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0 disables them
     # where tensors live: cpu | cuda | cuda:N | auto (cuda if available, else cpu). Default cpu: results stay
@@ -114,6 +122,17 @@ class EngineConfig(_Strict):
     # the fewest clients whose updates a round aggregates; fewer (clients that raised, diverged and were
     # dropped, or on Flower timed out) stop the run with an error
     min_clients: int = Field(1, ge=1)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _check_workers(cls, value: Any) -> int | str:
+        if value == "auto":
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+            raise ValueError(f"must be auto or a number of processes from 1 to {MAX_THREADS}")
+        return value
 
     @field_validator("device")
     @classmethod
@@ -224,12 +243,16 @@ class Config(_Strict):
     participation: float = Field(1.0, gt=0.0, le=1.0)
     rounds: int = Field(20, ge=1)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    local: LocalConfig = Field(default_factory=LocalConfig)
+    local: LocalTraining = Field(default_factory=LocalTraining)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     eval_every: int = Field(1, ge=1)
-    # personal models on the full test set (PA-split, PA-L, PA-V) or on each client's local split only
-    # (PA-split alone, the FedGELA / FedSSA protocol; far cheaper for many clients or large models)
+    # personal models on the test set (PA-split, PA-L, PA-V from the test samples of each client's classes,
+    # and PA-G from all of them) or on each client's local split only (PA-split alone, the FedGELA / FedSSA
+    # protocol; far cheaper for many clients or large models)
     personal_test: Literal["full", "split"] = "full"
+    # PA-G (every personal model on the whole test set, as costly as training) every this many evaluated
+    # rounds and in the last round; the other personal metrics every evaluated round
+    personal_full_every: int = Field(5, ge=1)
     backend: Literal["local", "flower"] = "local"
     engine: EngineConfig = Field(default_factory=EngineConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
@@ -282,9 +305,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config_from_dict(apply_overrides(raw, parse_overrides(overrides or [])))
 
 
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """A run directory's config.yaml as :func:`load_config` reads it, with the :data:`LEGACY_DEFAULTS` of the
+    keys it lacks (it was written before they existed): the config the run was made with."""
+    raw = read_yaml(path)
+    raw = {**LEGACY_DEFAULTS, **raw} if isinstance(raw, dict) else raw
+    return config_from_dict(apply_overrides(raw, parse_overrides(overrides or [])))
+
+
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Validate and resolve a config given as a (nested) dict."""
+    from fedpcd.algorithms.presets import apply_preset
+
     check_values(raw)
+    raw = apply_preset(raw)
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
@@ -393,7 +427,8 @@ def resolve(config: Config) -> Config:
     data = config.to_dict()
     data["partition"] = {"scheme": config.partition.scheme, **partition}
     data["model"] = {"name": config.model.name, "clients": config.model.clients, **model}
-    data["algorithm"] = {"name": config.algorithm.name, **algorithm}
+    preset = {"preset": config.algorithm.preset} if config.algorithm.preset is not None else {}
+    data["algorithm"] = {"name": config.algorithm.name, **preset, **algorithm}
     check_values(data)  # again after validation: e.g. local.lr or algorithm.mu given as the text "1e39"
     try:
         return Config.model_validate(data)
@@ -413,10 +448,21 @@ def dump_config(config: Config, path: str | Path) -> None:
     atomic_write_text(path, config_yaml(config))
 
 
+# keys whose default changed after runs were archived: a run directory's config.yaml without the key was made
+# with this value (what its resume and its checkpoint's config hash use)
+LEGACY_DEFAULTS: dict[str, Any] = {"personal_full_every": 1}
+
+
 def run_setting(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict (config.yaml's) without what does not change a run's numbers: ``output_dir``,
-    ``tracking``, and ``privacy`` while it is off (runs made before that section existed have none)."""
+    ``tracking``, ``engine.workers``, and what runs made before a key existed did not have: ``privacy``
+    while it is off, ``personal_full_every`` at 1 (see :data:`LEGACY_DEFAULTS`)."""
     data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking")}
+    if isinstance(data.get("engine"), dict):
+        data["engine"] = {k: v for k, v in data["engine"].items() if k != "workers"}
+    for key, value in LEGACY_DEFAULTS.items():
+        if data.get(key) == value:
+            del data[key]
     privacy = data.get("privacy")
     if isinstance(privacy, dict) and privacy.get("secagg", 0) is None:  # off: as before the key existed
         data["privacy"] = privacy = {k: v for k, v in privacy.items() if k != "secagg"}

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from fedpcd.errors import UserError, clip, short
@@ -294,3 +294,18 @@ def type_text(annotation: Any) -> str:
     elif nullable:
         words.append("null")
     return ", or ".join(words)
+
+
+class LocalTraining(BaseModel):
+    """Local optimisation settings shared by all algorithms: the config section ``local``, one schema for
+    the config file and the algorithms (``Context.local``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(0.01, gt=0.0)
+    lr_decay: float = Field(1.0, gt=0.0, le=1.0)  # lr in round r = lr * lr_decay^(r-1) (FedNH: 0.99)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(1.0e-5, ge=0.0)
+    grad_clip: float | None = Field(None, gt=0.0)

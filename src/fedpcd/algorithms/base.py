@@ -20,6 +20,7 @@ from torch.func import functional_call
 
 from fedpcd.data.transforms import random_crop_flip
 from fedpcd.models import head_keys
+from fedpcd.params import LocalTraining
 from fedpcd.registry import Registry
 
 StateDict = dict[str, Tensor]
@@ -29,17 +30,10 @@ ALGORITHMS: Registry[type] = Registry("algorithm")
 Weighting = Literal["samples", "uniform"]  # aggregation weights: n_k or 1 per reply
 
 
-@dataclass(frozen=True)
-class LocalTraining:
-    """Local optimisation settings shared by all algorithms (config section ``local``)."""
-
-    epochs: int = 1
-    batch_size: int = 64
-    lr: float = 0.01
-    lr_decay: float = 1.0
-    momentum: float = 0.9
-    weight_decay: float = 1.0e-5
-    grad_clip: float | None = None
+# The reply fields the engine reads (every algorithm's reply has them; the rest is the algorithm's own):
+MODEL = "model"  # the client's model tensors (DP clipping and SecAgg+ work on these)
+NUM_SAMPLES = "num_samples"  # n_k, the client's training samples
+TRAIN_LOSS = "train_loss"  # the mean training loss of the update (None: not measured)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ mean feature g_k^c of its samples under the final local model (eval mode, no aug
 and the count N_k^c; the server sets g_c = sum_k N_k^c g_k^c / sum_k N_k^c over the round's submitters
 holding c (Sec. 3.3); a class nobody reported keeps its previous prototype (Alg. 1 leaves it open). In the
 first round no prototype exists: nothing is broadcast and l_inter = 0. Prototypes are constants in the
-local loss. Model weights are averaged as in FedAvg (by n_k).
+local loss. Model weights are averaged with weights n_k (``weighting="samples"``, [P]: N_k / sum N) or
+floor(n_k / B) (``"batches"``, [C]: ``len(train_dl)`` with drop_last=True; here the last partial batch is
+still trained on); all-zero batch weights fall back to n_k.
 
 Traffic: once prototypes exist the payload carries the C x d prototypes and a C-byte mask of the classes that
 have one; a submitting client's reply carries |C_k| x d means, |C_k| class ids and |C_k| counts (int64).
@@ -28,13 +30,18 @@ average pool, where whole dimensions rarely switch off.
 Ablations (Table 12): intra-only = ``mu2: 0``; inter-only = ``mu1: 0``; ``mu1 = mu2 = 0`` is FedAvg exactly.
 Variants: Lite n (App. C.6, Table 11) = ``lite_samples: n``; prototype submission by a fixed random
 fraction of the clients (Sec. 4.4, Table 5) = ``submit_fraction``.
+
+Presets (``algorithm.preset``, ``FedMR.presets``): ``paper`` = Eq. (3)-(5) as printed (``intra_impl: paper``,
+l_inter on the client's classes, aggregation by n_k) with the paper's optimizer (SGD lr 0.01, momentum 0.9,
+weight decay 1e-5, E = 10, B = 128) and Table 9's FMNIST weights; ``official`` = the released code (l_intra
+only, its normalisation, aggregation by batches, B = 64).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +55,10 @@ from fedpcd.algorithms.base import (
     aggregate_prototypes,
     class_means_reply,
     device_of,
+    weighted_average,
 )
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
+from fedpcd.algorithms.presets import Preset
 from fedpcd.utils import derive_seed
 
 SUBMITTER_STREAM = 0x464D52  # seed stream of the fixed prototype submitters ("FMR"); rounds use 1..R
@@ -229,6 +238,44 @@ class FedMR(FedAvg):
     # Fraction of clients that submit prototypes (Sec. 4.4, Table 5: 0.5, 0.8, 1.0). The submitters are a
     # random round(fraction * K) clients fixed at the start from the run seed; only theirs are aggregated.
     submit_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    # Aggregation weights: n_k ("samples", [P]) or floor(n_k / B) ("batches", [C] with drop_last=True).
+    weighting: Literal["samples", "batches"] = "samples"
+
+    presets: ClassVar[dict[str, Preset]] = {
+        "paper": Preset(
+            "the paper: Eq. (3) as printed, l_inter against the client's classes (Eq. 4), weights by n_k, "
+            "Table 9's FMNIST mu1 1e-2 and mu2 1e-4, SGD lr 0.01, momentum 0.9, weight decay 1e-5, E = 10, "
+            "B = 128",
+            {
+                "algorithm.mu1": 1.0e-2,
+                "algorithm.mu2": 1.0e-4,
+                "algorithm.intra_impl": "paper",
+                "algorithm.inter_negatives": "local",
+                "algorithm.weighting": "samples",
+                "local.lr": 0.01,
+                "local.momentum": 0.9,
+                "local.weight_decay": 1.0e-5,
+                "local.epochs": 10,
+                "local.batch_size": 128,
+            },
+        ),
+        "official": Preset(
+            "the released code: l_intra only (it has no l_inter, so mu2 0) with its normalisation, weights "
+            "floor(n_k / B), SGD lr 0.01, momentum 0.9, weight decay 1e-5, E = 10, B = 64",
+            {
+                "algorithm.mu1": 1.0e-2,
+                "algorithm.mu2": 0.0,
+                "algorithm.intra_impl": "code",
+                "algorithm.intra_eps": 1.0e-8,
+                "algorithm.weighting": "batches",
+                "local.lr": 0.01,
+                "local.momentum": 0.9,
+                "local.weight_decay": 1.0e-5,
+                "local.epochs": 10,
+                "local.batch_size": 64,
+            },
+        ),
+    }
 
     @property
     def uses_prototypes(self) -> bool:
@@ -262,9 +309,18 @@ class FedMR(FedAvg):
                 payload["known"] = server["known"]
         return payload
 
+    def aggregation_weights(self, replies: Sequence[Reply]) -> list[float]:
+        """p_k before normalisation: n_k ("samples") or floor(n_k / B) ("batches"; n_k if all are 0)."""
+        samples = [float(r["num_samples"]) for r in replies]
+        if self.weighting == "samples":
+            return samples
+        batches = [float(int(n) // self.ctx.local.batch_size) for n in samples]
+        return batches if sum(batches) > 0 else samples
+
     def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
-        """FedAvg's model average; prototypes by ``aggregate_prototypes`` (by counts, submitters only)."""
-        server = super().aggregate(server, replies)
+        """The model average by ``aggregation_weights``; prototypes by ``aggregate_prototypes`` (by counts,
+        submitters only)."""
+        server["model"] = weighted_average([r["model"] for r in replies], self.aggregation_weights(replies))
         if self.uses_prototypes:
             server["prototypes"], server["known"] = aggregate_prototypes(
                 server["prototypes"], server["known"], replies

@@ -12,6 +12,12 @@ Sources: [P] the paper, [C] the official code (Yutong-Dai/FedNH). Options follow
 says otherwise; every option says which source it follows. ``rho = 1`` is FedUH (fixed uniform head, a [C]
 variant).
 The model's ``head`` (nn.Linear) is never used, trained or sent.
+
+Presets (``algorithm.preset``, ``FedNH.presets``), both with the shared protocol of [P] and [C] (100 clients,
+10% per round, E = 5, B = 64, SGD lr 0.01 x 0.99 per round, momentum 0.9, weight decay 1e-5, s trainable from
+1.0): ``paper`` = Eq. (1)'s simplex init, App. A.2's uniform prototype weights, class means of the raw samples
+(Eq. 3); ``official`` = [C]'s orthogonal init, count-weighted unit means, augmented means and its
+gradient-norm clip 10.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +43,7 @@ from fedpcd.algorithms.base import (
     weighted_average,
 )
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Readout, Reply
+from fedpcd.algorithms.presets import Preset
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
 from fedpcd.utils import derive_seed
@@ -200,6 +207,54 @@ class FedNH(FedAvg):
     # Class means over augmented training samples, as [C] does (eval mode, train-time augmentation);
     # False follows [P] Eq. (3) (r_i = f(theta; x_i)). Only matters for datasets with augmentation.
     means_augmented: bool = False
+
+    presets: ClassVar[dict[str, Preset]] = {
+        "paper": Preset(
+            "the paper: simplex init (Eq. 1), uniform prototype weights (App. A.2), means of raw samples "
+            "(Eq. 3); 100 clients, 10% per round, E = 5, B = 64, SGD lr 0.01 x 0.99 per round, momentum 0.9, "
+            "weight decay 1e-5, s trainable from 1.0, no gradient clipping",
+            {
+                "algorithm.init": "simplex",
+                "algorithm.proto_weighting": "uniform_paper",
+                "algorithm.means_augmented": False,
+                "algorithm.rho": 0.9,
+                "algorithm.learn_scale": True,
+                "algorithm.scale_init": 1.0,
+                "algorithm.body_weighting": "uniform",
+                "local.lr": 0.01,
+                "local.lr_decay": 0.99,
+                "local.momentum": 0.9,
+                "local.weight_decay": 1.0e-5,
+                "local.epochs": 5,
+                "local.batch_size": 64,
+                "clients": 100,
+                "participation": 0.1,
+                "local.grad_clip": None,
+            },
+        ),
+        "official": Preset(
+            "the released code: orthogonal init, count-weighted unit class means, means over augmented "
+            "samples, gradient-norm clip 10; otherwise the paper preset's protocol",
+            {
+                "algorithm.init": "orthogonal",
+                "algorithm.proto_weighting": "count_code",
+                "algorithm.means_augmented": True,
+                "algorithm.rho": 0.9,
+                "algorithm.learn_scale": True,
+                "algorithm.scale_init": 1.0,
+                "algorithm.body_weighting": "uniform",
+                "local.lr": 0.01,
+                "local.lr_decay": 0.99,
+                "local.momentum": 0.9,
+                "local.weight_decay": 1.0e-5,
+                "local.epochs": 5,
+                "local.batch_size": 64,
+                "clients": 100,
+                "participation": 0.1,
+                "local.grad_clip": 10.0,
+            },
+        ),
+    }
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:

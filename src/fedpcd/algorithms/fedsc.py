@@ -14,7 +14,10 @@ local loss is CE + rpcl_weight * RPCL + cpdr_weight * CPDR (all weights 1 in the
 
 - RPCL (Eqs. 13-14): multi-positive InfoNCE over the bank, s(z, r) = cos(z, r) / U(r) with
   U(r) = mean_q ||z_q - r||_2 (estimated on the mini-batch, detached, clamped at 1e-6) and temperature tau;
-- CPDR (Eq. 15): ||z_i - o^{y_i}||_1 (paper) or the mean squared error (official code).
+- CPDR (Eq. 15): ||z_i - o^{y_i}||_1 (paper, ``cpdr_dist="l1_sum"``); ``"mse_mean"`` is the form the official
+  code meant to apply, mean_q (z_{i,q} - o^{y_i}_q)^2 (about 1/d of the L1 sum); ``"self_mse"`` is what that
+  code computes: its target falls back to the features themselves (a ``torch.mean`` on a Python list raises
+  inside a bare ``except``), so the term is identically 0 with zero gradient.
 
 Samples of a class without prototypes get CE only; round 1 (no prototypes yet) is FedAvg. The model weights
 are averaged as in FedAvg (by n_k over the round's participants). rpcl_weight = cpdr_weight = 0 is
@@ -28,6 +31,11 @@ the sample itself as the positive (constant logit 1/tau), plain cosine (no U) an
 negatives, CPDR = mse(z, z.detach()) (identically 0), prototypes collected from the last local epoch's
 training forward passes. [C]'s hyperparameters (lr 0.1, no momentum or weight decay, 5 of 10 clients per
 round) are config settings, not part of this switch.
+
+Presets (``algorithm.preset``, ``FedSC.presets``): ``paper`` = [P]'s method and optimizer (lr 0.01, momentum
+0.9, weight decay 1e-5, E = 10, B = 64); ``official`` = [C]'s effective behaviour (``compat_official``, CPDR
+``self_mse`` = 0) with its optimizer (lr 0.1, no momentum or weight decay) and 5 of 10 clients per round;
+``code_intended`` = the ``paper`` preset with CPDR in the per-element MSE form [C] meant to apply.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +52,7 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.base import ALGORITHMS, ClassSums, ClientData, class_means_reply, device_of
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
+from fedpcd.algorithms.presets import Preset
 
 U_MIN = 1e-6  # clamp of the U normaliser (Eq. 13; a library choice)
 
@@ -154,10 +163,14 @@ def official_rpcl_loss(z: Tensor, y: Tensor, bank: Tensor, bank_labels: Tensor, 
 
 
 def cpdr_loss(z: Tensor, target: Tensor, dist: str) -> Tensor:
-    """Eq. 15 per sample ([B]): "l1_sum" sum_q |z_q - o_q| [P]; "mse_mean" mean_q (z_q - o_q)^2 [C].
+    """Eq. 15 per sample ([B]): "l1_sum" sum_q |z_q - o_q| [P]; "mse_mean" mean_q (z_q - o_q)^2 ([C] as
+    intended); "self_mse" mean_q (z_q - z_q.detach())^2 = 0 with zero gradient ([C] as it runs: the target
+    falls back to the features, ``target`` is ignored).
 
     ``target`` is detached (no gradient reaches the prototypes).
     """
+    if dist == "self_mse":
+        return (z - z.detach()).pow(2).mean(dim=1)
     diff = z - target.detach().to(z.dtype)
     if dist == "l1_sum":
         return diff.abs().sum(dim=1)
@@ -167,6 +180,17 @@ def cpdr_loss(z: Tensor, target: Tensor, dist: str) -> Tensor:
 
 
 # ----- the algorithm ---------------------------------------------------------------------------------------
+
+# the paper's options (Sec. 3.3-4.2): the ``paper`` and ``code_intended`` presets' algorithm part
+_PAPER_OPTIONS: dict[str, Any] = {
+    "tau": 0.05,
+    "num_neighbors": 2,
+    "rpcl_weight": 1.0,
+    "cpdr_weight": 1.0,
+    "cpdr_dist": "l1_sum",
+    "use_u": True,
+    "compat_official": False,
+}
 
 
 @ALGORITHMS.register("fedsc")
@@ -181,11 +205,60 @@ class FedSC(FedAvg):
     # With l1_sum at 1, fmnist + Simple-CNN (d = 84) training collapsed (GA ~30%); 0.01 (~1/d) trains
     # (docs/results/fedsc.md).
     cpdr_weight: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
-    cpdr_dist: Literal["l1_sum", "mse_mean"] = "l1_sum"  # "l1_sum": Eq. 15 [P]; "mse_mean": [C]'s mse_loss
+    # "l1_sum": Eq. 15 [P]; "mse_mean": [C]'s mse_loss as intended; "self_mse": [C] as it runs (0)
+    cpdr_dist: Literal["l1_sum", "mse_mean", "self_mse"] = "l1_sum"
     use_u: bool = True  # U(r) normaliser of Eq. 13 [P]; False: plain cosine as in [C]
     # Reproduce what [C] actually computes (module docstring); overrides the options above except the
     # weights and tau. For auditing only: CPDR is identically 0 there.
     compat_official: bool = False
+
+    presets: ClassVar[dict[str, Preset]] = {
+        "paper": Preset(
+            "the paper: Eqs. 7-15 (L1-sum CPDR, U normaliser, M = 2, all weights 1), SGD lr 0.01, momentum "
+            "0.9, weight decay 1e-5, E = 10, B = 64",
+            {
+                **{f"algorithm.{k}": v for k, v in _PAPER_OPTIONS.items()},
+                "local.lr": 0.01,
+                "local.momentum": 0.9,
+                "local.weight_decay": 1.0e-5,
+                "local.epochs": 10,
+                "local.batch_size": 64,
+            },
+        ),
+        "official": Preset(
+            "the released code as it runs (compat_official; its CPDR target is the features, so CPDR is 0), "
+            "SGD lr 0.1 without momentum or weight decay, E = 10, B = 64, 5 of 10 clients per round",
+            {
+                "algorithm.compat_official": True,
+                "algorithm.cpdr_dist": "self_mse",
+                "algorithm.num_neighbors": 0,
+                "algorithm.use_u": False,
+                "algorithm.tau": 0.05,
+                "algorithm.rpcl_weight": 1.0,
+                "algorithm.cpdr_weight": 1.0,
+                "local.lr": 0.1,
+                "local.momentum": 0.0,
+                "local.weight_decay": 0.0,
+                "local.epochs": 10,
+                "local.batch_size": 64,
+                "clients": 10,
+                "participation": 0.5,
+            },
+        ),
+        "code_intended": Preset(
+            "the paper preset with CPDR as the released code meant it: mean over dimensions of (z - o^y)^2 "
+            "(mse_mean, about 1/d of Eq. 15's L1 sum), weight 1",
+            {
+                **{f"algorithm.{k}": v for k, v in _PAPER_OPTIONS.items()},
+                "algorithm.cpdr_dist": "mse_mean",
+                "local.lr": 0.01,
+                "local.momentum": 0.9,
+                "local.weight_decay": 1.0e-5,
+                "local.epochs": 10,
+                "local.batch_size": 64,
+            },
+        ),
+    }
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:

@@ -79,7 +79,7 @@ class Scaffold(FedAvg):
         """The local loop clips at ``local.grad_clip`` if set, else at this algorithm's ``grad_clip`` (10, the
         official codes')."""
         if ctx.local.grad_clip is None:
-            ctx = replace(ctx, local=replace(ctx.local, grad_clip=self.grad_clip))
+            ctx = replace(ctx, local=ctx.local.model_copy(update={"grad_clip": self.grad_clip}))
         super().setup(ctx)
 
     # ----- server -----

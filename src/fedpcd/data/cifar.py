@@ -50,6 +50,29 @@ CIFAR_OFFICIAL = {
 }
 
 
+# FC100 (Oreshkin et al., NeurIPS 2018, "TADAM"): CIFAR-100's 20 superclasses split 12 / 4 / 4 into
+# train / validation / test classes; the superclass of each fine class 0..99 is CIFAR-100's own (its
+# batches' coarse_labels).
+CIFAR100_COARSE = (
+    4, 1, 14, 8, 0, 6, 7, 7, 18, 3, 3, 14, 9, 18, 7, 11, 3, 9, 7, 11,
+    6, 11, 5, 10, 7, 6, 13, 15, 3, 15, 0, 11, 1, 10, 12, 14, 16, 9, 11, 5,
+    5, 19, 8, 8, 15, 13, 14, 17, 18, 10, 16, 4, 17, 4, 2, 0, 17, 4, 18, 17,
+    10, 3, 2, 12, 12, 16, 12, 1, 9, 19, 2, 10, 0, 1, 16, 12, 9, 13, 15, 13,
+    16, 19, 2, 4, 6, 19, 5, 5, 8, 19, 18, 1, 2, 15, 6, 0, 17, 8, 14, 13,
+)  # fmt: skip
+FC100_SUPERCLASSES = {
+    "train": (1, 2, 3, 4, 5, 6, 9, 10, 15, 17, 18, 19),
+    "val": (8, 11, 13, 16),
+    "test": (0, 7, 12, 14),
+}
+
+
+def fc100_classes(split: str = "train") -> list[int]:
+    """The CIFAR-100 fine classes of FC100's ``split``, superclass by superclass (fine ids ascending within
+    one): new label i is the i-th of them, so each superclass's five classes are contiguous."""
+    return [f for sc in FC100_SUPERCLASSES[split] for f in range(100) if CIFAR100_COARSE[f] == sc]
+
+
 # What a CIFAR batch may refer to: numpy's array, dtype and scalar constructors (under numpy 1's and 2's
 # module names), bytes from Python 2 text (``_codecs.encode``) and builtin containers. Nothing else is
 # ever looked up, so a crafted batch cannot run code.

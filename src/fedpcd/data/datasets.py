@@ -8,6 +8,7 @@ are index tensors into it (see ``fedpcd.data.partition``). The file formats have
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from fedpcd.data.cifar import (
     CIFAR100_MD5,
     CIFAR100_URL,
     CIFAR_OFFICIAL,
+    fc100_classes,
     read_cifar,
 )
 from fedpcd.data.files import (
@@ -36,6 +38,30 @@ from fedpcd.data.files import (
     verify_md5,
 )
 from fedpcd.data.idx import FMNIST_URLS, IDX_MD5, MNIST_URLS, has_idx, idx_fetch, load_idx_tensors, read_idx
+from fedpcd.data.jpeg_sets import (
+    ISIC_CLASSES,
+    ISIC_IMAGES,
+    ISIC_SPLIT,
+    ISIC_URL,
+    TINY_DIR,
+    TINY_MD5,
+    TINY_URL,
+    has_isic,
+    has_tiny,
+    read_isic,
+    read_tiny,
+)
+from fedpcd.data.leaf import (
+    FEMNIST_CLASSES,
+    LEAF_URL,
+    SHAKESPEARE_LETTERS,
+    class_ids,
+    femnist_x,
+    has_leaf,
+    read_leaf,
+    shakespeare_x,
+    shakespeare_y,
+)
 from fedpcd.data.svhn import SVHN_FILES, SVHN_OFFICIAL, SVHN_URL, read_svhn, svhn_fetch
 from fedpcd.data.transforms import normalize
 from fedpcd.errors import UserError
@@ -52,6 +78,13 @@ __all__ = [  # the registry and loaders, and the file formats' names as they wer
     "load_cifar10",
     "load_cifar100",
     "load_svhn",
+    "load_fc100",
+    "load_tinyimagenet",
+    "load_femnist",
+    "load_shakespeare",
+    "load_isic2019",
+    "channel_stats",
+    "dataset_of_labels",
     "load_digits",
     "load_synthetic",
     "load_synthetic16",
@@ -79,6 +112,10 @@ __all__ = [  # the registry and loaders, and the file formats' names as they wer
 class Dataset:
     """One dataset held in memory: uint8 images ``[N, C, H, W]`` and int64 labels for train and test.
 
+    ``vocab_size`` > 0: the samples are not images but token sequences, uint8 ids ``[N, L]`` below
+    ``vocab_size`` (Shakespeare's characters); models see them as int64 ids and ``in_channels`` is 0.
+    ``train_groups`` / ``test_groups``: the dataset's own clients (LEAF's writers and speaking roles,
+    FLamby's centres), an int64 group id per sample; the ``natural`` partition scheme keeps them.
     ``eq=False``: datasets compare by identity (element-wise tensor equality has no single truth value).
     """
 
@@ -91,10 +128,18 @@ class Dataset:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     augment: bool = False
+    vocab_size: int = 0
+    train_groups: torch.Tensor | None = None
+    test_groups: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for split, x, y in (("train", self.train_x, self.train_y), ("test", self.test_x, self.test_y)):
-            if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[2] != x.shape[3]:
+            if self.vocab_size:
+                if x.dtype != torch.uint8 or x.dim() != 2:
+                    raise ValueError(f"{self.name} {split}_x must be uint8 token ids [N, L], got {x.dtype}")
+                if x.numel() and int(x.max()) >= self.vocab_size:
+                    raise ValueError(f"{self.name} {split}_x holds ids >= vocab_size {self.vocab_size}")
+            elif x.dtype != torch.uint8 or x.dim() != 4 or x.shape[2] != x.shape[3]:
                 got = f"{x.dtype} {tuple(x.shape)}"
                 raise ValueError(f"{self.name} {split}_x must be uint8 [N, C, H, H], got {got}")
             if y.dtype != torch.int64 or y.shape != (x.shape[0],):
@@ -104,32 +149,84 @@ class Dataset:
             raise ValueError(f"{self.name}: train and test images differ in shape")
         if len(self.mean) != self.in_channels or len(self.std) != self.in_channels:
             raise ValueError(f"{self.name}: mean/std need {self.in_channels} entries")
+        if (self.train_groups is None) != (self.test_groups is None):
+            raise ValueError(f"{self.name}: train_groups and test_groups come together")
+        if self.train_groups is not None and self.test_groups is not None:
+            pairs = (("train", self.train_groups, self.train_y), ("test", self.test_groups, self.test_y))
+            for split, g, y in pairs:
+                if g.dtype != torch.int64 or g.shape != y.shape:
+                    raise ValueError(f"{self.name} {split}_groups must be int64 [{len(y)}]")
+            _WITH_GROUPS.add(self)
 
     @property
     def in_channels(self) -> int:
-        return int(self.train_x.shape[1])
+        """Image channels; 0 for token sequences."""
+        return 0 if self.vocab_size else int(self.train_x.shape[1])
 
     @property
     def image_size(self) -> int:
-        return int(self.train_x.shape[2])
+        """Image side; the sequence length for token sequences."""
+        return int(self.train_x.shape[1] if self.vocab_size else self.train_x.shape[2])
+
+    @property
+    def num_groups(self) -> int:
+        """How many natural clients the dataset has (0: none)."""
+        if self.train_groups is None or self.test_groups is None:
+            return 0
+        both = torch.cat([self.train_groups, self.test_groups])
+        return int(both.max()) + 1 if len(both) else 0
 
     def normalized(self, split: str) -> torch.Tensor:
-        """Float32 ``(x / 255 - mean) / std`` of the "train" or "test" images, computed once per instance."""
+        """Float32 ``(x / 255 - mean) / std`` of the "train" or "test" images, computed once per instance
+        (int64 token ids for token sequences)."""
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         # Cached in the instance __dict__, not as a dataclass field: never compared, printed or replaced.
         cache: dict[str, torch.Tensor] = self.__dict__.setdefault("_normalized_cache", {})
         if split not in cache:
             x = self.train_x if split == "train" else self.test_x
-            cache[split] = normalize(x, self.mean, self.std)
+            cache[split] = x.long() if self.vocab_size else normalize(x, self.mean, self.std)
         return cache[split]
 
     def __repr__(self) -> str:
-        c, h, w = self.train_x.shape[1:]
+        if self.vocab_size:
+            shape = f"tokens={self.image_size}x{self.vocab_size}"
+        else:
+            c, h, w = self.train_x.shape[1:]
+            shape = f"images={c}x{h}x{w}"
+        groups = f", groups={self.num_groups}" if self.num_groups else ""
         return (
             f"Dataset({self.name!r}, train={len(self.train_y)}, test={len(self.test_y)}, "
-            f"images={c}x{h}x{w}, classes={self.num_classes}, augment={self.augment})"
+            f"{shape}, classes={self.num_classes}{groups}, augment={self.augment})"
         )
+
+
+# The loaded datasets that have natural clients, so that the ``natural`` scheme, which is given the train
+# labels only (``make_partition``), finds the groups of the dataset those labels belong to.
+_WITH_GROUPS: weakref.WeakSet[Dataset] = weakref.WeakSet()
+
+
+def dataset_of_labels(labels: np.ndarray) -> Dataset | None:
+    """The loaded dataset with natural clients whose ``train_y`` is ``labels`` (the same memory, as
+    ``ds.train_y.numpy()`` gives), or None."""
+    arr = np.asarray(labels)
+    if arr.dtype != np.int64 or arr.ndim != 1:
+        return None
+    for ds in list(_WITH_GROUPS):
+        if ds.train_y.data_ptr() == arr.ctypes.data and len(ds.train_y) == len(arr):
+            return ds
+    return None
+
+
+def channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std on the [0, 1] scale of uint8 images ``[N, C, H, W]`` (in float64, channel by
+    channel): the normalisation of the datasets whose statistics are measured when loaded."""
+    means, stds = [], []
+    for c in range(x.shape[1]):
+        v = x[:, c].double() / 255.0
+        means.append(round(float(v.mean()), 4) if v.numel() else 0.0)
+        stds.append(round(max(float(v.std()), 1e-3), 4) if v.numel() > 1 else 1.0)
+    return tuple(means), tuple(stds)
 
 
 Loader = Callable[[Path | None, bool], Dataset]
@@ -158,7 +255,8 @@ def load_dataset(
     ds = loader(Path(root).expanduser() if root is not None else None, download)
     if train_fraction < 1.0:
         keep = torch.from_numpy(stratified_subset(ds.train_y.numpy(), train_fraction, seed))
-        ds = replace(ds, train_x=ds.train_x[keep], train_y=ds.train_y[keep])
+        groups = None if ds.train_groups is None else ds.train_groups[keep]
+        ds = replace(ds, train_x=ds.train_x[keep], train_y=ds.train_y[keep], train_groups=groups)
     return ds
 
 
@@ -283,6 +381,101 @@ def load_svhn(root: Path | None, download: bool) -> Dataset:
         std=(0.1980, 0.2010, 0.1970),
         augment=True,
     )
+
+
+@DATASETS.register("fc100")
+def load_fc100(root: Path | None, download: bool) -> Dataset:
+    """FC100 (Oreshkin et al., NeurIPS 2018): 30000/6000 3x32x32 images of CIFAR-100's 60 classes in FC100's
+    12 training superclasses, read from the CIFAR-100 files (augmented at train time)."""
+    full = load_cifar100(root, download)
+    fine = torch.tensor(fc100_classes("train"), dtype=torch.int64)
+    relabel = torch.full((100,), -1, dtype=torch.int64)
+    relabel[fine] = torch.arange(len(fine))
+    parts = {}
+    for split, x, y in (("train", full.train_x, full.train_y), ("test", full.test_x, full.test_y)):
+        keep = relabel[y] >= 0
+        parts[f"{split}_x"], parts[f"{split}_y"] = x[keep], relabel[y[keep]]
+    return Dataset(name="fc100", num_classes=len(fine), mean=full.mean, std=full.std, augment=True, **parts)
+
+
+@DATASETS.register("tinyimagenet")
+def load_tinyimagenet(root: Path | None, download: bool) -> Dataset:
+    """Tiny-ImageNet (Stanford CS231n): 100000/10000 3x64x64 colour JPEGs, 200 classes, the labelled val
+    split as test (augmented at train time)."""
+    folder = find_or_download(
+        "tinyimagenet",
+        root,
+        download,
+        subdirs=("tiny-imagenet", "TinyImageNet"),
+        system=(),
+        probe=has_tiny,
+        fetch=lambda dest: download_and_extract(TINY_URL, dest, TINY_DIR, TINY_MD5),
+        what=f"{TINY_DIR}/ (wnids.txt, train/, val/)",
+        source=TINY_URL,
+    )
+    tensors, classes = read_tiny(folder)
+    mean, std = channel_stats(tensors["train_x"])
+    return Dataset(name="tinyimagenet", num_classes=classes, mean=mean, std=std, augment=True, **tensors)
+
+
+@DATASETS.register("femnist")
+def load_femnist(root: Path | None, download: bool) -> Dataset:
+    """FEMNIST, LEAF JSON (Caldas et al., 2018): 1x28x28 handwritten characters, 62 classes, one writer per
+    natural client (LEAF's full set: 3,550 writers, 805,263 images)."""
+    folder = find_or_download(
+        "femnist",
+        root,
+        download,
+        subdirs=("femnist/data", "leaf/data/femnist/data", "FEMNIST"),
+        system=(),
+        probe=has_leaf,
+        fetch=None,
+        what="LEAF's train/ and test/ folders of *.json files",
+        source=LEAF_URL,
+    )
+    tensors = read_leaf(folder, femnist_x, class_ids(FEMNIST_CLASSES, "FEMNIST"))
+    mean, std = channel_stats(tensors["train_x"])
+    return Dataset(name="femnist", num_classes=FEMNIST_CLASSES, mean=mean, std=std, **tensors)
+
+
+@DATASETS.register("shakespeare")
+def load_shakespeare(root: Path | None, download: bool) -> Dataset:
+    """Shakespeare, LEAF JSON (Caldas et al., 2018): next character of 80-character lines, 80 symbols, one
+    speaking role per natural client (LEAF's full set: 1,129 roles, 4,226,158 lines)."""
+    folder = find_or_download(
+        "shakespeare",
+        root,
+        download,
+        subdirs=("shakespeare/data", "leaf/data/shakespeare/data"),
+        system=(),
+        probe=has_leaf,
+        fetch=None,
+        what="LEAF's train/ and test/ folders of *.json files",
+        source=LEAF_URL,
+    )
+    tensors = read_leaf(folder, shakespeare_x, shakespeare_y)
+    k = len(SHAKESPEARE_LETTERS)
+    return Dataset(name="shakespeare", num_classes=k, mean=(), std=(), vocab_size=k, **tensors)
+
+
+@DATASETS.register("isic2019")
+def load_isic2019(root: Path | None, download: bool) -> Dataset:
+    """Fed-ISIC2019 (FLamby, NeurIPS 2022): 18597/4650 3x200x200 dermoscopy images, 8 classes, 6 centres
+    as natural clients (FLamby's preprocessed layout; Ogier du Terrail et al.)."""
+    folder = find_or_download(
+        "isic2019",
+        root,
+        download,
+        subdirs=("fed_isic2019", "ISIC2019"),
+        system=(),
+        probe=has_isic,
+        fetch=None,
+        what=f"{ISIC_IMAGES}/ and FLamby's {ISIC_SPLIT} file",
+        source=ISIC_URL,
+    )
+    tensors = read_isic(folder)
+    mean, std = channel_stats(tensors["train_x"])
+    return Dataset(name="isic2019", num_classes=ISIC_CLASSES, mean=mean, std=std, augment=True, **tensors)
 
 
 # ---------------------------------------------------------------------------------------------------------

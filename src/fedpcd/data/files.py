@@ -18,6 +18,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
@@ -73,13 +74,16 @@ def find_or_download(
     subdirs: Sequence[str],
     system: Sequence[str],
     probe: Callable[[Path], Path | None],
-    fetch: Callable[[Path], None],
+    fetch: Callable[[Path], None] | None,
     what: str,
+    source: str = "",
 ) -> Path:
     """The data folder ``probe`` finds in the first candidate that has one; else download, or fail clearly.
 
     ``probe(candidate)`` returns the folder holding the files (the candidate or a fixed sub-folder of it)
-    or None. Downloads go to ``<root | $FEDPCD_DATA | ~/.cache/fedpcd>/<name>``.
+    or None. Downloads go to ``<root | $FEDPCD_DATA | ~/.cache/fedpcd>/<name>``. ``fetch=None``: nothing
+    can be downloaded (the files need the publisher's licence or preprocessing); ``source`` (a URL) is
+    where to get them, named in the one-line error.
     """
     looked = _candidates(name, subdirs, root, system)
     for folder in looked:
@@ -87,10 +91,15 @@ def find_or_download(
         if found is not None:
             return found
     places = ", ".join(str(p) for p in looked)
+    get = f" (get them from {source})" if source else ""
+    if fetch is None:
+        raise UserError(
+            f"{name} files not found in {places}; put {what} under one of those folders or set {ENV_VAR}{get}"
+        )
     if not download:
         raise UserError(
             f"{name} files not found in {places}; download disabled; put {what} under one of those folders "
-            f"or set {ENV_VAR}"
+            f"or set {ENV_VAR}{get}"
         )
     dest = _download_base(root) / name
     new_dirs = [d for d in (dest, *dest.parents) if not d.exists()]  # innermost first
@@ -106,7 +115,7 @@ def find_or_download(
         reason = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
         raise UserError(
             f"{name} files not found in {places}; download failed ({reason}); put {what} under one of those "
-            f"folders or set {ENV_VAR}"
+            f"folders or set {ENV_VAR}{get}"
         ) from None
     found = probe(dest)
     if found is None:
@@ -163,9 +172,20 @@ def _plain_members(tar: tarfile.TarFile, archive: str) -> list[tarfile.TarInfo]:
     return members
 
 
+def _unzip(archive: Path, staging: Path) -> None:
+    """Extract a .zip whose members are all plain files or folders inside it; else OSError (as for tars)."""
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            path = PurePosixPath(info.filename)
+            link = (info.external_attr >> 16) & 0o170000 == 0o120000
+            if link or path.is_absolute() or ".." in path.parts:
+                raise OSError(f"{archive.name} holds {info.filename!r}, not a plain file or folder inside it")
+        zf.extractall(staging)
+
+
 def download_and_extract(url: str, dest: Path, folder: str, md5: str | None = None) -> None:
-    """Download a .tar.gz (of MD5 ``md5`` if given), extract it into a staging folder, then move ``folder``
-    (or its missing files) in.
+    """Download a .tar.gz or .zip (of MD5 ``md5`` if given), extract it into a staging folder, then move
+    ``folder`` (or its missing files) in.
 
     Every file lands by rename, so an interrupted download or extraction never leaves a partial file;
     nothing is written outside ``dest``.
@@ -177,9 +197,12 @@ def download_and_extract(url: str, dest: Path, folder: str, md5: str | None = No
     download_file([url], archive, md5)
     staging = Path(tempfile.mkdtemp(prefix=".extract.", dir=dest))
     try:
-        with tarfile.open(archive) as tar:
-            members = _plain_members(tar, archive.name)
-            tar.extractall(staging, members, **_TAR_FILTER)
+        if archive.suffix == ".zip":
+            _unzip(archive, staging)
+        else:
+            with tarfile.open(archive) as tar:
+                members = _plain_members(tar, archive.name)
+                tar.extractall(staging, members, **_TAR_FILTER)
         if not (staging / folder).is_dir():
             raise OSError(f"{archive.name} does not contain {folder}/")
         if not target.exists():

@@ -15,6 +15,7 @@ defaults are its config keys, typed and bounded by their annotations and checked
 - ``fedssa``: FedSSA's (pFedHN-style) k classes per client with U(0.4, 0.6) proportions.
 - ``nid2``: ``biased_clients`` clients with a block of classes each, plus one client holding every class.
 - ``explicit``: client index lists read from a JSON file.
+- ``natural``: the dataset's own clients (LEAF writers / roles, FLamby centres), a seeded subset of them.
 
 Each client's local test split is cut from the official test set by ``local_test_split`` so that its class
 mix follows the client's training mix (FedGELA's per-client test split), except for schemes that define their
@@ -50,6 +51,7 @@ from fedpcd.data.schemes import (
     iid,
     longtail,
     longtail_sizes,
+    natural,
     nid2,
     pathological,
     shards,
@@ -70,6 +72,7 @@ __all__ = [
     "longtail",
     "longtail_sizes",
     "make_partition",
+    "natural",
     "nid2",
     "pathological",
     "resolve_params",

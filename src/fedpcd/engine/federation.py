@@ -1,9 +1,8 @@
 """Building a federation from a config, and the two steps every backend shares.
 
 ``build_federation`` loads the dataset once, partitions it and wraps each client as index tensors into the
-shared tensors, all on the run's device (``engine.device``). ``client_step`` is one client's work in one
-round (local update, then personal evaluation) and ``sample_clients`` the seeded choice of participants:
-the local simulator and the Flower apps both call them, which is why the two backends give the same numbers.
+shared tensors, all on the run's device (``engine.device``); ``sample_clients`` is the seeded choice of a
+round's participants. One client's round is ``fedpcd.engine.client_update``.
 """
 
 from __future__ import annotations
@@ -17,12 +16,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, LocalWork, build_algorithm
+from fedpcd.algorithms import ClientData, Context, FedAvg, build_algorithm
 from fedpcd.algorithms.base import param_names
 from fedpcd.config import Config
 from fedpcd.data.datasets import Dataset, load_dataset
 from fedpcd.data.partition import Partition, make_partition
-from fedpcd.engine.metrics import accuracy, per_class_accuracy, personal_metrics, predict, split_metrics
+from fedpcd.engine.metrics import accuracy, per_class_accuracy, predict
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
 from fedpcd.utils import derive_seed
@@ -41,6 +40,23 @@ class Federation:
     test_x: torch.Tensor | None = None  # the normalised test set on ``device`` (GA)
     test_y: torch.Tensor | None = None
     _models: dict[str, tuple[nn.Module, dict[str, torch.Tensor]]] = field(default_factory=dict, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """For the worker pool: the clients travel as the partition (rebuilt by ``__setstate__``), the model
+        objects not at all; the tensors themselves go through torch's shared memory (no copy per worker)."""
+        state = dict(self.__dict__)
+        state["clients"] = (self.clients[0].x, self.clients[0].y) if self.clients else None
+        state["_models"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        shared = state.pop("clients")
+        self.__dict__.update(state)
+        self.clients = []
+        if shared is not None:
+            self.clients = make_clients(
+                self.config, self.dataset, self.partition, *shared, self.test_x, self.test_y
+            )
 
     def new_model(self, architecture: str | None = None) -> nn.Module:
         """A model of ``architecture`` (default: client 0's, the server's reference), initialised from the
@@ -139,20 +155,7 @@ def build_federation(config: Config) -> Federation:
     )
     x, test_x = ds.normalized("train").to(device), ds.normalized("test").to(device)
     train_y, test_y = ds.train_y.to(device), ds.test_y.to(device)
-    clients = [
-        ClientData(
-            id=k,
-            x=x,
-            y=train_y,
-            train_idx=torch.as_tensor(partition.train[k], dtype=torch.long, device=device),
-            test_x=test_x,
-            test_y=test_y,
-            local_test_idx=torch.as_tensor(partition.test[k], dtype=torch.long, device=device),
-            num_classes=ds.num_classes,
-            augment=ds.augment,
-        )
-        for k in range(config.clients)
-    ]
+    clients = make_clients(config, ds, partition, x, train_y, test_x, test_y)
     with torch.random.fork_rng(devices=[]):  # a throw-away model: the run's random streams are untouched
         reference = build_model(
             config.model.architecture(0),
@@ -166,12 +169,39 @@ def build_federation(config: Config) -> Federation:
         num_classes=ds.num_classes,
         rounds=config.rounds,
         seed=config.seed,
-        local=LocalTraining(**config.local.model_dump()),
+        local=config.local,
         heterogeneous=len(config.model.architectures(config.clients)) > 1,
         input_shape=(ds.in_channels, ds.image_size, ds.image_size),
         parameter_names=tuple(param_names(reference)),
     )
     return Federation(config, ds, partition, clients, ctx, device, test_x, test_y)
+
+
+def make_clients(
+    config: Config,
+    ds: Dataset,
+    partition: Partition,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    test_x: torch.Tensor,
+    test_y: torch.Tensor,
+) -> list[ClientData]:
+    """Every client as index tensors (on the tensors' device) into the shared normalised tensors."""
+    device = x.device
+    return [
+        ClientData(
+            id=k,
+            x=x,
+            y=y,
+            train_idx=torch.as_tensor(partition.train[k], dtype=torch.long, device=device),
+            test_x=test_x,
+            test_y=test_y,
+            local_test_idx=torch.as_tensor(partition.test[k], dtype=torch.long, device=device),
+            num_classes=ds.num_classes,
+            augment=ds.augment,
+        )
+        for k in range(config.clients)
+    ]
 
 
 def sample_clients(num_clients: int, participation: float, seed: int, rnd: int) -> list[int]:
@@ -203,55 +233,3 @@ def global_evaluation(
     pred = predict(predictor, test_x)
     row = per_class_accuracy(pred, test_y, fed.dataset.num_classes).tolist()
     return accuracy(pred, test_y), [None if math.isnan(v) else round(v, 4) for v in row]
-
-
-def client_step(
-    algorithm: FedAvg,
-    model: nn.Module,
-    data: ClientData,
-    payload: dict[str, Any],
-    state: Any,
-    *,
-    seed: int,
-    rnd: int,
-    evaluate: bool,
-    full_test: bool = True,
-) -> tuple[dict[str, Any], Any, dict[str, Any] | None]:
-    """One client's round: local update from a (seed, round, client) generator, then personal metrics
-    (on the full test set, or with ``full_test=False`` on the client's local test split only).
-
-    Payload and state are moved to the model's device first (a no-op in the local simulator; over Flower
-    they arrive as CPU tensors). The generator is a CPU one on every device: the same batches everywhere.
-    The update's working values live in a fresh :class:`LocalWork`; the algorithm object is not written."""
-    reply, work = local_step(algorithm, model, data, payload, state, seed=seed, rnd=rnd)
-    metrics = None
-    if evaluate:
-        predictor = algorithm.personal_predictor(model, work)
-        if full_test:
-            pred = predict(predictor, data.test_x)
-            metrics = personal_metrics(pred, data.test_y, data.local_test_idx, data.label_counts)
-        else:
-            split = data.local_test_idx
-            pred = predict(predictor, data.test_x[split]) if len(split) else split
-            metrics = split_metrics(pred, data.test_y[split])
-    return reply, work.state, metrics
-
-
-def local_step(
-    algorithm: FedAvg,
-    model: nn.Module,
-    data: ClientData,
-    payload: dict[str, Any],
-    state: Any,
-    *,
-    seed: int,
-    rnd: int,
-) -> tuple[dict[str, Any], LocalWork]:
-    """``client_step``'s local update: the reply and the update's :class:`LocalWork` (its ``state`` the new
-    state), after which ``model`` and the work are what ``personal_predictor`` reads."""
-    device = next(model.parameters()).device
-    payload, state = to_device(payload, device), to_device(state, device)
-    rng = torch.Generator().manual_seed(derive_seed(seed, rnd, data.id))
-    work = LocalWork(payload, state, rng, round=rnd)
-    reply, work.state = algorithm.local_update(model, data, work)
-    return reply, work

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from fedpcd.algorithms.base import MODEL
 from fedpcd.config import Config
 from fedpcd.errors import UserError
 from fedpcd.utils import derive_seed
@@ -35,7 +36,7 @@ NOISE_STREAM = 0xD9  # derive_seed(seed, round, NOISE_STREAM): the noise generat
 
 
 def _model_of(obj: Mapping[str, Any], what: str, algorithm: str) -> Mapping[str, torch.Tensor]:
-    model = obj.get("model")
+    model = obj.get(MODEL)
     if not isinstance(model, Mapping):
         raise UserError(
             f"privacy.clip needs an algorithm whose {what} holds the model under 'model'; "
@@ -60,7 +61,7 @@ def clip_update(
     model = dict(new)
     for k in keys:
         model[k] = old[k] + (new[k] - old[k]) * scale
-    return {**reply, "model": model}, True
+    return {**reply, MODEL: model}, True
 
 
 def add_noise(server: dict[str, Any], config: Config, rnd: int, kept: int) -> dict[str, Any]:
@@ -75,4 +76,4 @@ def add_noise(server: dict[str, Any], config: Config, rnd: int, kept: int) -> di
         if torch.is_floating_point(v):
             noise = torch.randn(v.shape, generator=gen, dtype=v.dtype) * std
             model[k] = v + noise.to(v.device)
-    return {**server, "model": model}
+    return {**server, MODEL: model}

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd.engine.metrics import summarize
+from fedpcd.engine.tasks import ClientReply
 from fedpcd.errors import UserError
 from fedpcd.run_format import ACCURACY_KEYS, CLIENT_PA_SPLIT, GA, PA_SPLIT, PERSONAL, STATISTICS
 
@@ -21,8 +22,7 @@ PERSONAL_EVAL = (
 def round_record(
     rnd: int,
     global_acc: float | None,
-    replies: Sequence[dict[str, Any]],
-    evals: Sequence[dict[str, Any] | None],
+    replies: Sequence[ClientReply],
     client_ids: Sequence[int],
     bytes_up: int,
     bytes_down: int,
@@ -30,12 +30,13 @@ def round_record(
     extra_global: dict[str, float | None] | None = None,
     global_class_acc: list[float | None] | None = None,
 ) -> dict[str, Any]:
-    """One metrics.jsonl object from a round's replies and the participants' personal metrics (``evals``:
-    dicts keyed by the PERSONAL metrics' keys, ``engine.metrics.personal_metrics``).
+    """One metrics.jsonl object from a round's aggregated replies and their personal metrics (dicts keyed by
+    the PERSONAL metrics' keys, ``engine.metrics.personal_metrics``; None when not evaluated).
 
     ``extra_global``: the accuracies of an algorithm's extra global predictors (``global_acc_<name>``);
     ``global_class_acc``: the global model's accuracy per class (``global_evaluation``)."""
-    weights = [float(r["num_samples"]) for r in replies]
+    weights = [float(r.num_samples) for r in replies]
+    evals = [r.metrics for r in replies]
     record: dict[str, Any] = {"round": rnd, GA.key: global_acc}
     for name, acc in (extra_global or {}).items():
         record[f"{GA.key}_{name}"] = acc
@@ -43,9 +44,7 @@ def round_record(
         stats = summarize([e[metric.key] if e else None for e in evals], weights)
         for statistic, suffix in STATISTICS.items():
             record[metric.key + suffix] = stats[statistic]
-    losses = [
-        (r["train_loss"], w) for r, w in zip(replies, weights, strict=True) if r.get("train_loss") is not None
-    ]
+    losses = [(r.train_loss, w) for r, w in zip(replies, weights, strict=True) if r.train_loss is not None]
     record["train_loss"] = sum(v * w for v, w in losses) / sum(w for _, w in losses) if losses else None
     record.update(
         bytes_up=int(bytes_up),

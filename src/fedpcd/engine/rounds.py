@@ -13,8 +13,10 @@ is loaded) gives the same metrics.jsonl as an uninterrupted run.
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from tqdm import tqdm
@@ -24,7 +26,14 @@ from fedpcd.config import Config
 from fedpcd.data.stats import partition_json
 from fedpcd.engine.checkpoint import check_checkpoint, checkpoint_records, checkpoint_state, restore_rng
 from fedpcd.engine.executor import Executor, StatesUnavailable
-from fedpcd.engine.federation import Federation, global_evaluation, resolve_device, sample_clients
+from fedpcd.engine.federation import (
+    Federation,
+    build_federation,
+    global_evaluation,
+    resolve_device,
+    sample_clients,
+    set_threads,
+)
 from fedpcd.engine.guard import check_server, screen_replies, warn
 from fedpcd.engine.metrics import accuracy, predict
 from fedpcd.engine.privacy import add_noise, clip_update
@@ -32,13 +41,19 @@ from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.run_format import headline
-from fedpcd.trackers import open_trackers
+from fedpcd.trackers import check_trackers, open_trackers
 
 RecordHook = Callable[[dict[str, Any]], None]
 
 
 def is_eval_round(rnd: int, config: Config) -> bool:
     return rnd % config.eval_every == 0 or rnd == config.rounds
+
+
+def is_full_eval_round(rnd: int, config: Config) -> bool:
+    """An evaluated round whose personal evaluation includes PA-G (every ``personal_full_every`` evaluated
+    rounds, and the last)."""
+    return rnd % (config.eval_every * config.personal_full_every) == 0 or rnd == config.rounds
 
 
 def extra_global_accuracies(algorithm: FedAvg, fed: Federation, server: dict[str, Any]) -> dict[str, float]:
@@ -91,6 +106,32 @@ def open_checkpoint(
     return ckpt
 
 
+@contextmanager
+def open_run(
+    config: Config,
+    *,
+    resume: bool,
+    allow_changes: Sequence[str] = (),
+    federation: Federation | None = None,
+    checkpoint: dict[str, Any] | None = None,
+) -> Iterator[tuple[RunDir, dict[str, Any] | None, Federation]]:
+    """The set-up of a run on every backend, each check before the data is loaded: torch threads; a new
+    run's ``output_dir`` checked (:meth:`RunDir.check_new`); the trackers' packages; then, with the run
+    directory locked for the whole block, the checkpoint a resume continues from (``checkpoint``: already
+    read and checked by the caller) and the federation (``federation``: already built by the caller).
+    Yields (run directory, checkpoint or None, federation)."""
+    set_threads(config)
+    run_dir = RunDir(config.output_dir)
+    if not resume:
+        run_dir.check_new(config)
+    check_trackers(config)
+    with run_dir.lock():  # re-entrant: a Flower simulation's ServerApp thread takes it again
+        if checkpoint is None:
+            checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
+        fed = federation if federation is not None else build_federation(config)
+        yield run_dir, checkpoint, fed
+
+
 def play_round(
     config: Config,
     fed: Federation,
@@ -105,12 +146,12 @@ def play_round(
     t0 = time.perf_counter()
     ids = sample_clients(config.clients, config.participation, config.seed, rnd)
     evaluate = is_eval_round(rnd, config)
-    results = executor.train(algorithm, server, ids, rnd, evaluate)
+    results = executor.train(algorithm, server, ids, rnd, evaluate, is_full_eval_round(rnd, config))
     screened = screen_replies(
         config,
         rnd,
         [r.client for r in results],
-        [r.reply if r.error is None else None for r in results],
+        [r.update if r.error is None else None for r in results],
         [r.error for r in results],
     )
     kept = [results[i] for i in screened.kept]
@@ -118,9 +159,9 @@ def play_round(
     if privacy.clip is not None and privacy.clipping == "server":
         for r in kept:
             payload = algorithm.payload_for(server, r.client)
-            r.reply, r.clipped = clip_update(r.reply, payload, privacy.clip, config.algorithm.name)
-    kept_ids, replies = [r.client for r in kept], [r.reply for r in kept]
-    server = aggregate_round(algorithm, config, rnd, server, replies, kept_ids)
+            r.update, r.clipped = clip_update(r.update, payload, privacy.clip, config.algorithm.name)
+    kept_ids = [r.client for r in kept]
+    server = aggregate_round(algorithm, config, rnd, server, [r.update for r in kept], kept_ids)
     server = add_noise(server, config, rnd, len(kept))
     if not evaluate:
         return server, None, time.perf_counter() - t0
@@ -128,8 +169,7 @@ def play_round(
     extra = extra_global_accuracies(algorithm, fed, server)
     wall = time.perf_counter() - t0
     up, down = sum(r.bytes_up for r in results), sum(r.bytes_down for r in results)
-    metrics = [r.metrics for r in kept]
-    record = round_record(rnd, ga, replies, metrics, kept_ids, up, down, wall, extra, ga_classes)
+    record = round_record(rnd, ga, kept, kept_ids, up, down, wall, extra, ga_classes)
     if len(kept) < len(results):
         record["left_out"] = sorted({*screened.failed, *screened.diverged})
     if privacy.clip is not None:
@@ -169,6 +209,8 @@ def run_rounds(
         for k in range(config.clients):  # build every architecture's model (seeds the global RNG) ...
             fed.model_for(k)
         restore_rng(checkpoint.get("rng"))  # ... before the global RNG states are put back
+        if progress:
+            print(f"fedpcd: resuming {run_dir.path} from round {start} of {config.rounds}", file=sys.stderr)
     else:
         train_y, test_y = fed.dataset.train_y.numpy(), fed.dataset.test_y.numpy()
         run_dir.create(config, partition_json(fed.partition, train_y, test_y), restart=restart)

@@ -15,15 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedpcd.config import Config, load_config
+from fedpcd.config import Config, load_run_config
 from fedpcd.engine.checkpoint import check_allowed_changes, check_checkpoint
 from fedpcd.engine.executor import LocalExecutor
-from fedpcd.engine.federation import build_federation, set_threads
 from fedpcd.engine.guard import warn
-from fedpcd.engine.rounds import open_checkpoint, run_rounds
+from fedpcd.engine.pool import worker_count
+from fedpcd.engine.rounds import open_run, run_rounds
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
-from fedpcd.trackers import check_trackers
 
 
 def run_local(
@@ -34,17 +33,13 @@ def run_local(
     The run directory is locked for the run (a second process on it gets a UserError naming this one). A
     resume refuses a checkpoint written with another config, but for the ``allow_changes`` keys
     (``checkpoint.RESUME_CHANGES``)."""
-    set_threads(config)
-    run_dir = RunDir(config.output_dir)
-    if not resume:
-        run_dir.check_new(config)  # before loading any data
-    check_trackers(config)  # a tracker's package missing: said before any data is loaded
-    with run_dir.lock():
-        checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)  # before loading any data
-        fed = build_federation(config)
-        return run_rounds(
-            config, run_dir, fed, LocalExecutor(fed), checkpoint, restart=resume, progress=progress
-        )
+    with open_run(config, resume=resume, allow_changes=allow_changes) as (run_dir, checkpoint, fed):
+        adaptive = config.engine.workers == "auto"
+        executor = LocalExecutor(fed, worker_count(fed), adaptive=adaptive)
+        try:
+            return run_rounds(config, run_dir, fed, executor, checkpoint, restart=resume, progress=progress)
+        finally:
+            executor.close()
 
 
 def resume_run(
@@ -66,7 +61,7 @@ def resume_run(
         raise UserError(
             f"no checkpoint in {path}: nothing to resume (not a fedpcd run directory: no config.yaml)"
         )
-    config = load_config(rd.config, [f"output_dir={path}"])
+    config = load_run_config(rd.config, [f"output_dir={path}"])
     if rd.summary.exists():
         if not rd.checkpoint.exists():
             return rd.read_summary()

@@ -2,8 +2,9 @@
 
 - ``query``: discovery; replies with this node's partition id (``context.node_config["partition-id"]``),
   so the server can map Flower's random node ids to fedpcd client ids.
-- ``train``: one client round through :func:`fedpcd.engine.federation.client_step` (local update from the
-  payload, then personal evaluation when the server asks for it). The client state lives in
+- ``train``: one client round through :func:`fedpcd.engine.client_update.run_client`, the code of the local
+  backend and its worker pool (local update from the payload, personal evaluation when the server asks for
+  it, DP clipping on the client, the divergence policy). The client state lives in
   ``context.state`` (encoded with :mod:`fedpcd.flower.records`); it leaves the node only when the server
   asks for it for a checkpoint (``get-state``) and is replaced from one on resume (``set-state``).
 
@@ -32,15 +33,9 @@ from flwr.clientapp import ClientApp  # noqa: E402
 
 from fedpcd.algorithms import FedAvg  # noqa: E402
 from fedpcd.config import Config  # noqa: E402
-from fedpcd.engine.federation import (  # noqa: E402
-    Federation,
-    build_federation,
-    client_step,
-    set_threads,
-    to_device,
-)
-from fedpcd.engine.guard import first_nonfinite  # noqa: E402
-from fedpcd.engine.privacy import clip_update  # noqa: E402
+from fedpcd.engine.client_update import run_client  # noqa: E402
+from fedpcd.engine.federation import Federation, build_federation, set_threads  # noqa: E402
+from fedpcd.engine.tasks import ClientTask  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import records, secagg  # noqa: E402
 from fedpcd.flower.protocol import (  # noqa: E402
@@ -157,38 +152,32 @@ def client_round(msg: Message, context: Context) -> Message:
     if n is not None and n != rt.config.clients:
         raise UserError(f"node has num-partitions={n} but the run's config has clients={rt.config.clients}")
     set_threads(rt.config)
-    payload = records.decode(msg.content, PAYLOAD)
-    state = records.get(context.state, STATE)
-    reply, state, metrics = client_step(
-        rt.algorithm,
-        rt.federation.model_for(k, fresh=state is None),
-        rt.federation.clients[k],
-        payload,
-        state,
-        seed=rt.config.seed,
-        rnd=int(task["round"]),
+    task_ = ClientTask(
+        round=int(task["round"]),
+        client=k,
+        payload=records.decode(msg.content, PAYLOAD),
+        state=records.get(context.state, STATE),
         evaluate=bool(task["evaluate"]),
-        full_test=rt.config.personal_test == "full",
+        full_test=bool(task.get("full-test", True)),
     )
-    privacy, clipped = rt.config.privacy, False
-    if privacy.clip is not None and privacy.clipping == "client":  # before the update leaves the node
-        received = to_device(payload, rt.federation.device)
-        reply, clipped = clip_update(reply, received, privacy.clip, rt.config.algorithm.name)
+    result = run_client(rt.algorithm, rt.federation, task_)
+    if result.error is not None:  # Flower's error reply: the server leaves the client out (engine/guard.py)
+        raise result.error
+    reply, state, metrics = result.update, result.state, result.metrics
     info: dict[str, Any] = {}
     if bool(task.get("secagg", False)):  # the model goes to secaggplus_mod, the rest in the clear
         drop = rt.config.engine.on_divergence == "drop"
         content, info[secagg.KEYS] = secagg.pack_reply(reply, drop)  # raises for a non-finite update
     else:
         content = records.record_dict(**{REPLY: reply})
-    diverged = rt.config.engine.on_divergence == "drop" and first_nonfinite(reply) is not None
-    if state is not None and not diverged:  # as in run_local: a None state does not erase the previous one,
-        records.put(context.state, STATE, state)  # nor does an update the server will drop
+    if state is not None:  # as in run_local: a None state does not erase the previous one
+        records.put(context.state, STATE, state)
     records.put(content, PERSONAL, metrics)
     content[TASK] = ConfigRecord(
         {
             "client-id": k,
             "has-state": STATE + ".meta" in context.state,  # only non-None states are stored
-            "dp-clipped": clipped,
+            "dp-clipped": result.clipped,
             "process-id": os.getpid(),
             "client-s": time.perf_counter() - t0,
             **info,

@@ -2,7 +2,7 @@
 
 ``GridExecutor`` implements the engine's ``Executor``: ``train`` encodes each participant's
 ``payload_for(server, k)`` as a TRAIN Message (:mod:`fedpcd.flower.records`), sends them all, waits up to
-the round timeout, and decodes the replies into ``ClientResult`` objects in client-id order (weighted sums
+the round timeout, and decodes the replies into ``ClientReply`` objects in client-id order (weighted sums
 are not associative: arrival order would change the bits). A ClientApp that raised, or did not reply in
 time, gives a result with ``error`` set; the round loop leaves it out.
 
@@ -27,10 +27,10 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedpcd.algorithms import FedAvg
-from fedpcd.algorithms.base import tensor_bytes
-from fedpcd.engine.client_result import ClientResult
+from fedpcd.algorithms.base import MODEL, tensor_bytes
 from fedpcd.engine.executor import StatesUnavailable
 from fedpcd.engine.federation import to_device
+from fedpcd.engine.tasks import ClientReply
 from fedpcd.errors import UserError
 from fedpcd.flower import records, secagg
 from fedpcd.flower.protocol import (
@@ -72,8 +72,14 @@ class GridExecutor:
         self.changed: set[int] = set()  # clients trained since: only their states are fetched again
 
     def train(
-        self, algorithm: FedAvg, server: dict[str, Any], ids: Sequence[int], rnd: int, evaluate: bool
-    ) -> list[ClientResult]:
+        self,
+        algorithm: FedAvg,
+        server: dict[str, Any],
+        ids: Sequence[int],
+        rnd: int,
+        evaluate: bool,
+        full_test: bool = True,
+    ) -> list[ClientReply]:
         contents, down, sent = {}, {}, {}
         for k in ids:
             sent[k] = payload = algorithm.payload_for(server, k)
@@ -83,6 +89,7 @@ class GridExecutor:
                 "round": rnd,
                 "client-id": k,
                 "evaluate": evaluate,
+                "full-test": full_test,
                 "config": self.config_text,
             }
             if self.secagg is not None:
@@ -98,7 +105,7 @@ class GridExecutor:
                 for k, c in contents.items()
             ]
             replies, mean = self.grid.send_and_receive(messages, timeout=self.round_timeout), None
-        got: dict[int, ClientResult] = {}
+        got: dict[int, ClientReply] = {}
         for msg in replies:
             k = self.client_of.get(msg.metadata.src_node_id, -1)
             if msg.has_error():  # the ClientApp raised: left out (engine/guard.py); a UserError stops the run
@@ -107,7 +114,7 @@ class GridExecutor:
                 except UserError:
                     raise
                 except RuntimeError as exc:
-                    got[k] = ClientResult(k, {}, None, down.get(k, 0), 0, error=exc)
+                    got[k] = ClientReply(k, {}, None, down.get(k, 0), 0, error=exc)
                 continue
             if int(msg.content[TASK]["client-id"]) != k:
                 raise RuntimeError(f"round {rnd}: reply for client {k} came from an unexpected node")
@@ -115,19 +122,19 @@ class GridExecutor:
             up = tensor_bytes(reply)
             if mean is not None:  # SecAgg+: every reply holds the mean, the only model the server saw
                 keys = list(msg.content[TASK][secagg.KEYS])
-                model = secagg.mean_model(mean, keys, sent[k]["model"])
-                reply, up = {"model": to_device(model, self.device), **reply}, secagg.masked_bytes(msg)
+                model = secagg.mean_model(mean, keys, sent[k][MODEL])
+                reply, up = {MODEL: to_device(model, self.device), **reply}, secagg.masked_bytes(msg)
             metrics = records.get(msg.content, PERSONAL)
             self.clients_keep_state |= bool(msg.content[TASK].get("has-state", False))
             clipped = bool(msg.content[TASK].get("dp-clipped", False))
-            got[k] = ClientResult(k, reply, metrics, down[k], up, clipped=clipped)
+            got[k] = ClientReply(k, reply, metrics, down[k], up, clipped=clipped)
             self.changed.add(k)
         missing = TimeoutError(f"no reply within the round timeout ({self.round_timeout:g} s)")
         if self.secagg is not None:
             missing = TimeoutError(
                 "left out of the secure aggregation (no masked update, or the protocol halted)"
             )
-        return [got.get(k) or ClientResult(k, {}, None, down[k], 0, error=missing) for k in ids]
+        return [got.get(k) or ClientReply(k, {}, None, down[k], 0, error=missing) for k in ids]
 
     def _secure_round(self, contents: Mapping[int, RecordDict], rnd: int) -> tuple[list[Message], Any]:
         """The round's training through SecAgg+ (:mod:`fedpcd.flower.secagg`): the clients' stage-2 replies
@@ -178,6 +185,9 @@ class GridExecutor:
                 self.known[k] = to_device(state, self.device)
         self.changed.clear()
         return dict(sorted(self.known.items()))
+
+    def close(self) -> None:
+        """Nothing to release: the nodes belong to the deployment."""
 
     def restore(self, states: Mapping[int, Any]) -> None:
         """Send the nodes their states (nothing to do for none: a Flower run's nodes start without state)."""

@@ -51,6 +51,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.serverapp import Grid
 
+from fedpcd.algorithms.base import MODEL, NUM_SAMPLES
 from fedpcd.config import SecAggConfig
 from fedpcd.engine.guard import first_nonfinite
 from fedpcd.errors import UserError
@@ -94,7 +95,7 @@ def pack_reply(reply: Mapping[str, Any], drop: bool) -> tuple[RecordDict, list[s
     weighted by ``num_samples``; every other entry, scalars only, in the clear. Returns the content and the
     model's keys in order. A non-finite model stops the run, or with ``drop`` (``engine.on_divergence:
     drop``) leaves this client out of the round: the server cannot screen it once it is masked."""
-    model, rest = reply.get("model"), {k: v for k, v in reply.items() if k != "model"}
+    model, rest = reply.get(MODEL), {k: v for k, v in reply.items() if k != MODEL}
     if not isinstance(model, Mapping) or not model:
         raise UserError("privacy.secagg: this algorithm's clients send no model to aggregate; turn it off")
     clear = records.encode(rest, REPLY)
@@ -103,7 +104,7 @@ def pack_reply(reply: Mapping[str, Any], drop: bool) -> tuple[RecordDict, list[s
         raise UserError(
             f"privacy.secagg hides only the reply's model, but it also holds tensors: {extra[:3]}"
         )
-    bad = first_nonfinite({"model": model})
+    bad = first_nonfinite({MODEL: model})
     if bad is not None and drop:  # this client does not upload: the protocol leaves it out
         raise RuntimeError(f"non-finite update ({bad}): left out of the secure aggregation")
     if bad is not None:
@@ -113,7 +114,7 @@ def pack_reply(reply: Mapping[str, Any], drop: bool) -> tuple[RecordDict, list[s
         )
     keys = list(model)
     arrays = [model[k].detach().cpu().double().numpy() for k in keys]
-    fit = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), int(reply["num_samples"]), {})
+    fit = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), int(reply[NUM_SAMPLES]), {})
     content = fitres_to_recorddict(fit, keep_input=False)
     for name, record in clear.items():
         content[name] = record

@@ -32,9 +32,8 @@ from flwr.app import Context  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedpcd.config import Config, load_config  # noqa: E402
-from fedpcd.engine.federation import Federation, build_federation, set_threads  # noqa: E402
-from fedpcd.engine.rounds import open_checkpoint, run_rounds  # noqa: E402
-from fedpcd.engine.rundir import RunDir  # noqa: E402
+from fedpcd.engine.federation import Federation  # noqa: E402
+from fedpcd.engine.rounds import open_run, run_rounds  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import secagg  # noqa: E402
 from fedpcd.flower.discovery import PollingGrid, discover, federation_size, fit_to_federation  # noqa: E402
@@ -72,15 +71,10 @@ def serve(
     config = fit_to_federation(
         config, federation_size(fast, node_timeout), adapt_clients and federation is None and not resume
     )
-    set_threads(config)
-    run_dir = RunDir(config.output_dir)
-    if not resume:
-        run_dir.check_new()
-    LOG.info("fedpcd: run directory %s", run_dir.path.resolve())
-    with run_dir.lock():
-        if checkpoint is None:
-            checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
-        fed = federation if federation is not None else build_federation(config)
+    LOG.info("fedpcd: run directory %s", Path(config.output_dir).resolve())
+    with open_run(
+        config, resume=resume, allow_changes=allow_changes, federation=federation, checkpoint=checkpoint
+    ) as (run_dir, checkpoint, fed):
         secure = None
         if config.privacy.secagg is not None:  # W defaults to the largest client's training set
             largest = max(client.num_samples for client in fed.clients)

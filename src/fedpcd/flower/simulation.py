@@ -93,19 +93,10 @@ def run_flower(
     _env.require_flwr()
     _env.require_ray()
     _env.set_offline_defaults()
-    from fedpcd.engine.federation import build_federation, set_threads
-    from fedpcd.engine.rounds import open_checkpoint
-    from fedpcd.engine.rundir import RunDir
-    from fedpcd.trackers import check_trackers
+    from fedpcd.engine.rounds import open_run
 
-    run_dir = RunDir(config.output_dir)
-    if not resume:
-        run_dir.check_new()  # before spending ~20 s on starting Ray
-    check_trackers(config)
-    with run_dir.lock():  # re-entrant: the ServerApp thread takes it again
-        checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)  # fails before Ray starts
-        set_threads(config)
-        fed = build_federation(config)  # data and partition problems surface here, before Ray starts
+    # every check, the checkpoint and the data (its problems included) before spending ~20 s on starting Ray
+    with open_run(config, resume=resume, allow_changes=allow_changes) as (_, checkpoint, fed):
         return _run_simulation(config, fed, progress, verbose, num_cpus, resume, allow_changes, checkpoint)
 
 

@@ -50,6 +50,7 @@ Builder = Callable[..., FedModel]
 
 MODELS: Registry[Builder] = Registry("model")
 _ACCEPTS: dict[str, Callable[[int, int], bool]] = {}
+_TOKENS: dict[str, bool] = {}  # the architectures that read token ids (in_channels 0), not images
 _BUILDERS: dict[str, Builder] = {}  # the builders as written (MODELS holds them wrapped in their checks)
 
 
@@ -58,15 +59,16 @@ def _accepts_any(in_channels: int, image_size: int) -> bool:
 
 
 def register_model(
-    name: str, accepts: Callable[[int, int], bool] = _accepts_any
+    name: str, accepts: Callable[[int, int], bool] = _accepts_any, tokens: bool = False
 ) -> Callable[[Builder], Builder]:
     """Register ``builder(in_channels, num_classes, image_size, **params)`` under ``name``.
 
     The builder's keyword parameters with defaults are the architecture's config keys, typed and bounded
     by their annotations (``fedpcd.params``). ``accepts(in_channels, image_size)`` says whether the
-    architecture can take that input. The registered callable checks its arguments (UserError for bad
-    sizes, too-small inputs, unknown or bad params) and keeps the builder's signature for introspection
-    (``inspect.signature`` follows ``__wrapped__``).
+    architecture can take that input. ``tokens``: it reads token sequences (``in_channels`` 0,
+    ``image_size`` the sequence length), not images; each kind refuses the other. The registered callable
+    checks its arguments (UserError for bad sizes, too-small inputs, unknown or bad params) and keeps the
+    builder's signature for introspection (``inspect.signature`` follows ``__wrapped__``).
     """
 
     def decorator(builder: Builder) -> Builder:
@@ -78,6 +80,7 @@ def register_model(
 
         MODELS.register(name)(checked)
         _ACCEPTS[name] = accepts
+        _TOKENS[name] = tokens
         _BUILDERS[name] = builder
         return checked
 
@@ -85,20 +88,28 @@ def register_model(
 
 
 def _check_input(name: str, in_channels: int, num_classes: int, image_size: int) -> None:
-    for arg, value in (
-        ("in_channels", in_channels),
-        ("num_classes", num_classes),
-        ("image_size", image_size),
+    for arg, value, least in (
+        ("in_channels", in_channels, 0),  # 0: token sequences
+        ("num_classes", num_classes, 1),
+        ("image_size", image_size, 1),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"model {name!r}: {arg} must be a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            kind = "a non-negative" if least == 0 else "a positive"
+            raise UserError(f"model {name!r}: {arg} must be {kind} integer, got {value!r}")
 
 
 def _build(
     name: str, in_channels: int, num_classes: int, image_size: int, params: dict[str, object]
 ) -> FedModel:
+    tokens = in_channels == 0
+    if _TOKENS[name] != tokens:
+        ok = [n for n in MODELS.names() if _TOKENS[n] == tokens]
+        given = f"token sequences of length {image_size}" if tokens else "images"
+        wants = "token sequences" if _TOKENS[name] else "images"
+        choices = ", ".join(ok) or "(none)"
+        raise UserError(f"model {name!r} reads {wants} but this dataset holds {given}; use one of: {choices}")
     if not _ACCEPTS[name](in_channels, image_size):
-        ok = [n for n in MODELS.names() if _ACCEPTS[n](in_channels, image_size)]
+        ok = [n for n in MODELS.names() if _TOKENS[n] == tokens and _ACCEPTS[n](in_channels, image_size)]
         raise UserError(
             f"input {in_channels}x{image_size}x{image_size} is too small for model {name!r}; "
             f"use one of: {', '.join(ok) or '(none)'}"

@@ -309,7 +309,9 @@ def setting_columns(varying: list[str], key: tuple) -> dict[str, str]:
     cells: dict[str, list[str]] = {}
     for name, value in values.items():
         section, _, sub = name.partition(".")
-        if value is None or (sub not in ("name", "scheme") and defaults.get(name, object()) == value):
+        if (value is None and defaults.get(name) is None) or (
+            sub not in ("name", "scheme") and defaults.get(name, object()) == value
+        ):
             continue
         text = str(value) if sub in ("", "name", "scheme") else f"{sub}={value}"
         cells.setdefault(section, []).insert(
@@ -423,6 +425,7 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
     """GA and PA-split over rounds, mean over seeds, one line per setting."""
     import pandas as pd
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     from fedpcd.utils import atomic_write
 
@@ -439,6 +442,7 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
                 ax.plot(means.index, 100 * means, label=label)
             ax.set_title(metric.label)
             ax.set_xlabel("round")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
             ax.set_ylabel("accuracy (%)")
     for ax in axes:
         if ax.has_data():

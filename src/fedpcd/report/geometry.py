@@ -66,7 +66,7 @@ def run_geometry(run_dir: str | Path) -> dict[str, float | None]:
     """The global, held and missing angles (degrees) of a finished run with a checkpoint (see module doc)."""
     from fedpcd.algorithms.fedavg import feature_map
     from fedpcd.engine import open_run
-    from fedpcd.engine.federation import local_step
+    from fedpcd.engine.client_update import local_step
 
     fed, algorithm, ckpt = open_run(run_dir)
     if fed.context.heterogeneous:

@@ -14,14 +14,17 @@ text generated from the runs, a CSV of every cell, and the document's sections, 
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedpcd.config import run_setting
 from fedpcd.report import (
     Run,
+    _flatten,
     _without_algorithm,
     last_rounds_phrase,
     mean_bytes,
@@ -151,10 +154,66 @@ def separated_settings(
     return out
 
 
+DIVERGED = "DivergenceError"  # the error a stopped.json names for a run stopped by divergence
+
+
+def _setting_key(config: dict) -> str:
+    """A run's setting apart from its algorithm and seed (runs equal in it share a column of the grid)."""
+    flat = _flatten(run_setting(config))
+    keep = {k: v for k, v in flat.items() if not k.startswith("algorithm.") and k != "seed"}
+    return json.dumps(keep, sort_keys=True, default=str)
+
+
+def _method_key(config: dict) -> str:
+    return json.dumps(config.get("algorithm"), sort_keys=True, default=str)
+
+
+def diverged_cells(grid: Grid) -> set[tuple[str, str]]:
+    """The (method, setting) cells of ``grid`` with a run stopped by divergence: a run folder beside the
+    grid's runs (in a folder holding one of them) without summary.json whose stopped.json names a
+    ``DivergenceError``.
+    Its method and setting are those of the grid's finished runs with the same algorithm section and the same
+    setting (``_setting_key``); a stopped run matching no method or no setting of the grid is not placed."""
+    from fedpcd.config_input import read_yaml
+    from fedpcd.errors import UserError
+    from fedpcd.report import current_form
+    from fedpcd.run_format import RunFiles
+
+    methods, settings, folders = {}, {}, set()
+    for (method, setting), members in grid.cells.items():
+        for run in members:
+            methods[_method_key(run.config)] = method
+            settings[_setting_key(run.config)] = setting
+            if run.path.is_dir():
+                folders.add(run.path.parent)
+    cells = set()
+    beside = (RunFiles(p) for folder in sorted(folders) for p in sorted(folder.iterdir()) if p.is_dir())
+    for files in beside:
+        if files.summary.exists() or not files.config.exists():
+            continue
+        try:
+            if json.loads(files.stopped.read_text(encoding="utf-8")).get("error") != DIVERGED:
+                continue
+            config = current_form(read_yaml(files.config), files.config)
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError, UserError):
+            continue  # not stopped (still running), or not a fedpcd run
+        method, setting = methods.get(_method_key(config)), settings.get(_setting_key(config))
+        if method is not None and setting is not None:
+            cells.add((method, setting))
+    return cells
+
+
 def mean_ranks(grid: Grid, metric: str, protocol: str, last: int) -> dict[str, list[float]]:
     """Per method, its rank in each setting where it has a value (1 = the best mean over seeds; ties share
-    the mean of their ranks)."""
-    ranks = cell_means(grid, metric, protocol, last).rank(ascending=False)  # each setting on its own
+    the mean of their ranks). A method with a run stopped by divergence in a setting (``diverged_cells``)
+    ranks last there, whatever its other seeds reached (several such methods share the last ranks); only for
+    a metric the method reports somewhere (a method without a global model gets no GA rank)."""
+    means = cell_means(grid, metric, protocol, last)
+    has_metric = means.notna().any(axis=1)
+    for method, setting in diverged_cells(grid):
+        if method in means.index and setting in means.columns and has_metric[method]:
+            means.loc[method, setting] = -math.inf
+    ranks = means.rank(ascending=False)  # each setting on its own
     return {method: row.dropna().tolist() for method, row in ranks.iterrows() if row.notna().any()}
 
 
@@ -352,8 +411,10 @@ def paper_sections(
         parts.append(
             f"## Ranking: mean rank over the settings (mean of {last_rounds})\n\n"
             "In each setting the methods are ranked by their mean over seeds (1 = best; ties share a rank); "
-            "the number of settings with a value is in brackets, then in how many settings the method is "
-            f"separated above (↑) or below (↓) {reference}.\n\n"
+            "a method with a run stopped by divergence in a setting (a stopped.json naming a "
+            f"{DIVERGED}) ranks last in that setting, whatever its other seeds reached (several such methods "
+            "share the last ranks). The number of settings ranked is in brackets, then in how many settings "
+            f"the method is separated above (↑) or below (↓) {reference}.\n\n"
             f"{ranking}\n"
         )
     for metric in HEADLINE:

@@ -85,10 +85,10 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms import FedAvg
 from fedpcd.algorithms.base import tensor_bytes
-from fedpcd.engine.client_result import ClientResult
 from fedpcd.engine.federation import Federation
+from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.engine.vectorized.clients import Fallback, Pending, begin, write_back
-from fedpcd.engine.vectorized.evaluation import evaluate_batched, evaluate_or_defer
+from fedpcd.engine.vectorized.evaluation import evaluate_batched, evaluate_or_defer, evaluation_mode
 from fedpcd.engine.vectorized.stacking import model_tensors, skeleton, tensor_leaves, twin_of
 from fedpcd.engine.vectorized.steps import train_steps
 from fedpcd.errors import UserError
@@ -121,20 +121,14 @@ _WARNED: set[str] = set()
 
 
 def train_or_none(
-    algorithm: FedAvg,
-    fed: Federation,
-    server: dict[str, Any],
-    ids: Sequence[int],
-    client_states: Any,
-    rnd: int,
-    evaluate: bool,
-) -> list[ClientResult] | None:
-    """The round's results from the vectorized executor, or None when the sequential one should run it
-    (a warning says why, once per reason)."""
-    reason = blocker(algorithm, fed, ids)
+    algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]
+) -> list[ClientReply] | None:
+    """The replies to ``tasks`` from the vectorized executor, or None when the sequential one should run
+    them (a warning says why, once per reason)."""
+    reason = blocker(algorithm, fed, [t.client for t in tasks])
     if reason is None:
         try:
-            return train_vectorized(algorithm, fed, server, ids, client_states, rnd, evaluate)
+            return train_vectorized(algorithm, fed, tasks)
         except UserError:
             raise
         except Fallback as exc:
@@ -188,43 +182,23 @@ def _chunk_size(model: nn.Module, fed: Federation, ids: Sequence[int]) -> int:
 # ----- the round -------------------------------------------------------------------------------------------
 
 
-def train_vectorized(
-    algorithm: FedAvg,
-    fed: Federation,
-    server: dict[str, Any],
-    ids: Sequence[int],
-    client_states: Any,
-    rnd: int,
-    evaluate: bool,
-) -> list[ClientResult]:
-    """Train (and, if ``evaluate``, personally evaluate) the participants ``ids``, chunk by chunk; the same
-    results as the sequential executor up to float rounding. Raises :class:`Fallback` when the clients'
-    contexts cannot be stacked (nothing is committed then)."""
+def train_vectorized(algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
+    """Train (and, where the task says so, personally evaluate) the clients of ``tasks``, chunk by chunk;
+    the same replies as the sequential executor up to float rounding. Raises :class:`Fallback` when the
+    clients' contexts cannot be stacked."""
+    ids = [t.client for t in tasks]
     chunk = max(2, _chunk_size(fed.model_for(ids[0]), fed, ids))
-    results: list[ClientResult] = []
-    new_states: dict[int, Any] = {}
-    for start in range(0, len(ids), chunk):
-        part = ids[start : start + chunk]
-        results += _train_chunk(algorithm, fed, server, part, client_states, rnd, evaluate, new_states)
-    for k, state in new_states.items():
-        client_states[k] = state
-    return results
+    replies: list[ClientReply] = []
+    for start in range(0, len(tasks), chunk):
+        replies += _train_chunk(algorithm, fed, tasks[start : start + chunk])
+    return replies
 
 
-def _train_chunk(
-    algorithm: FedAvg,
-    fed: Federation,
-    server: dict[str, Any],
-    ids: Sequence[int],
-    client_states: Any,
-    rnd: int,
-    evaluate: bool,
-    new_states: dict[int, Any],
-) -> list[ClientResult]:
+def _train_chunk(algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
     """One chunk of the round: ``begin_local`` per client, the clients trained in groups of equal structure
     (:func:`~fedpcd.engine.vectorized.steps.train_steps`), then per client the write-back, ``end_local`` and
-    the personal evaluation (batched where it can be); new states go to ``new_states``."""
-    clients = [begin(algorithm, fed, server, k, client_states, rnd) for k in ids]
+    the personal evaluation (batched where it can be)."""
+    clients = [begin(algorithm, fed, task) for task in tasks]
     skeletons = [skeleton(c.context) for c in clients]
     # clients whose loss inputs differ in structure (MOON's previous model, absent at a first participation)
     # or that train different tensors are trained in separate groups
@@ -245,9 +219,10 @@ def _train_chunk(
         for j, f, loss, n in zip(members, group_final, group_losses, group_steps, strict=True):
             final[j], losses[j], steps[j] = f, loss, n
 
-    results = []
+    results: list[ClientReply] = []
     pending: list[Pending] = []
     bound = twin_of(model)
+    task = tasks[0]
     for j, c in enumerate(clients):
         model = fed.model_for(c.k)
         write_back(model, c, final[j])
@@ -258,13 +233,12 @@ def _train_chunk(
         work.steps = steps[j]
         reply, state = algorithm.end_local(model, c.data, work, losses[j])
         work.state = state  # what personal_predictor reads, as after local_update
-        if state is not None:
-            new_states[c.k] = state
         metrics = None
-        if evaluate:
-            metrics = evaluate_or_defer(algorithm, fed, model, c, work, len(results), pending)
-        results.append(ClientResult(c.k, reply, metrics, tensor_bytes(c.payload), tensor_bytes(reply)))
+        if task.evaluate:
+            metrics = evaluate_or_defer(algorithm, fed, model, c, work, len(results), pending, task.full_test)
+        results.append(ClientReply(c.k, reply, metrics, tensor_bytes(c.payload), 0, state=state))
     if pending:
-        for pos, metrics in evaluate_batched(algorithm, bound, pending, fed.config.personal_test == "full"):
+        mode = evaluation_mode(fed.config.personal_test == "full", task.full_test)
+        for pos, metrics in evaluate_batched(algorithm, bound, pending, mode):
             results[pos].metrics = metrics
     return results

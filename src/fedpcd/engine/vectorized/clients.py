@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from fedpcd.algorithms import ClientData, FedAvg, LocalWork
 from fedpcd.algorithms.fedavg import Readout
 from fedpcd.engine.federation import Federation, to_device
+from fedpcd.engine.tasks import ClientTask
 from fedpcd.engine.vectorized.stacking import model_tensors, tensor_leaves
 from fedpcd.utils import derive_seed
 
@@ -58,13 +59,10 @@ def work_of(context: dict[str, Any], rng: torch.Generator, rnd: int) -> LocalWor
     )
 
 
-def begin(
-    algorithm: FedAvg, fed: Federation, server: dict[str, Any], k: int, client_states: Any, rnd: int
-) -> Client:
-    """Client ``k``'s ``begin_local`` on the reusable model object, as the sequential executor runs it; which
+def begin(algorithm: FedAvg, fed: Federation, task: ClientTask) -> Client:
+    """The task's ``begin_local`` on the reusable model object, as the sequential executor runs it; which
     tensors it trains. Raises :class:`Fallback` for a trainable tensor the executor cannot stack."""
-    payload = algorithm.payload_for(server, k)
-    state = client_states.get(k)
+    k, rnd, payload, state = task.client, task.round, task.payload, task.state
     model = fed.model_for(k, fresh=state is None)
     device = next(model.parameters()).device
     payload, state = to_device(payload, device), to_device(state, device)

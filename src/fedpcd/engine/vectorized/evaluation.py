@@ -5,7 +5,7 @@ executor does."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -14,7 +14,14 @@ from torch.func import functional_call, vmap
 from fedpcd.algorithms import FedAvg, LocalWork
 from fedpcd.algorithms.fedavg import Readout
 from fedpcd.engine.federation import Federation
-from fedpcd.engine.metrics import personal_metrics, predict, predict_stacked, split_metrics
+from fedpcd.engine.metrics import (
+    held_metrics,
+    held_samples,
+    personal_evaluation,
+    personal_metrics,
+    predict_stacked,
+    split_metrics,
+)
 from fedpcd.engine.vectorized.clients import Client, Pending
 from fedpcd.engine.vectorized.stacking import (
     Bound,
@@ -28,6 +35,15 @@ from fedpcd.engine.vectorized.stacking import (
 EVAL_BATCH = 1024  # test samples per vmapped evaluation chunk (fewer when many clients are stacked)
 
 
+Mode = Literal["full", "held", "split"]
+
+
+def evaluation_mode(full: bool, full_test: bool) -> Mode:
+    """Which test samples the personal models predict (``engine.metrics.personal_evaluation``): all of them,
+    those of the client's classes and its split ("held"), or its split alone."""
+    return ("full" if full_test else "held") if full else "split"
+
+
 def evaluate_or_defer(
     algorithm: FedAvg,
     fed: Federation,
@@ -36,30 +52,25 @@ def evaluate_or_defer(
     work: LocalWork,
     pos: int,
     pending: list[Pending],
+    full_test: bool,
 ) -> dict[str, Any] | None:
-    """client_step's personal metrics after the client's update (``work``): deferred (None) when the
-    personal predictor can be batched (it is the model itself, or a :class:`Readout` over it), else computed
-    now."""
-    data = client.data
+    """The client's personal metrics after its update (``work``): deferred (None) when the personal
+    predictor can be batched (it is the model itself, or a :class:`Readout` over it), else computed now."""
     predictor = algorithm.personal_predictor(model, work)
     readout = predictor if isinstance(predictor, Readout) and predictor.model is model else None
     if predictor is model or readout is not None:
         tensors = {n: t.detach().clone() for n, t in model_tensors(model).items()}
         pending.append((pos, client, tensors, readout))
         return None
-    if fed.config.personal_test == "full":
-        pred = predict(predictor, data.test_x)
-        return personal_metrics(pred, data.test_y, data.local_test_idx, data.label_counts)
-    split = data.local_test_idx
-    pred = predict(predictor, data.test_x[split]) if len(split) else split
-    return split_metrics(pred, data.test_y[split])
+    return personal_evaluation(predictor, client.data, fed.config.personal_test == "full", full_test)
 
 
 def evaluate_batched(
-    algorithm: FedAvg, bound: Bound, pending: list[Pending], full_test: bool
+    algorithm: FedAvg, bound: Bound, pending: list[Pending], mode: Mode
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Personal metrics of the deferred clients: their models stacked and vmapped over chunks of the full
-    test set, or (``full_test`` False) of their local test splits, padded to the longest."""
+    test set, or of each client's own samples (``mode`` "held": its classes' and its split, "split": its
+    split), padded to the longest."""
     groups: dict[Any, list[Pending]] = {}
     for item in pending:
         readout = item[3]
@@ -69,13 +80,13 @@ def evaluate_batched(
     for items in groups.values():
         weights, readouts = [it[2] for it in items], [it[3] for it in items]
         data = items[0][1].data
-        if full_test:
+        if mode == "full":
             preds = predict_group(bound, weights, readouts, data.test_x, shared_x=True)
             for (pos, client, _, _), pred in zip(items, preds, strict=True):
                 d = client.data
                 yield pos, personal_metrics(pred, d.test_y, d.local_test_idx, d.label_counts)
             continue
-        splits = [it[1].data.local_test_idx for it in items]
+        splits = [it[1].data.local_test_idx if mode == "split" else held_samples(it[1].data) for it in items]
         longest = max(len(split) for split in splits)
         if longest == 0:
             preds = [split for split in splits]
@@ -85,7 +96,11 @@ def evaluate_batched(
                 padded[i, : len(split)] = split
             preds = predict_group(bound, weights, readouts, data.test_x[padded], shared_x=False)
         for (pos, client, _, _), pred, split in zip(items, preds, splits, strict=True):
-            yield pos, split_metrics(pred[: len(split)], client.data.test_y[split])
+            d = client.data
+            if mode == "split":
+                yield pos, split_metrics(pred[: len(split)], d.test_y[split])
+            else:
+                yield pos, held_metrics(pred[: len(split)], split, d)
 
 
 def predict_group(

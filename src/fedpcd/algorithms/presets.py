@@ -1,0 +1,88 @@
+"""Named settings of an algorithm: ``algorithm.preset: paper | official | ...``.
+
+An algorithm class declares its presets as a class attribute ``presets: {name: Preset}`` (next to its
+options, in its own module). A preset is a set of config values given by dotted keys from the config's root:
+mostly ``algorithm.<option>``, but also the optimizer (``local.lr``) or the federation (``clients``,
+``participation``) where the paper's or the released code's behaviour depends on them (FedSSA's tuned
+T_stable only holds in its code's whole setting).
+
+:func:`apply_preset` fills these values into a raw config before it is validated, only where the config does
+not give the key itself: **an option the user sets always wins over the preset**. The run's config.yaml
+(the resolved config) keeps ``algorithm.preset`` and every value, so it reruns as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedpcd.errors import UserError, short
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named, documented set of config values (``values``: dotted key from the config root -> value)."""
+
+    summary: str
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+
+def presets_of(algorithm: str) -> dict[str, Preset]:
+    """The presets of the registered algorithm ``algorithm`` (name -> Preset; empty when it has none)."""
+    from fedpcd.algorithms import ALGORITHMS
+
+    return dict(getattr(ALGORITHMS.get(algorithm), "presets", {}))
+
+
+def preset_values(algorithm: str, preset: object) -> dict[str, Any]:
+    """The dotted values of ``algorithm``'s preset ``preset``; an unknown name is a one-line UserError."""
+    known = presets_of(algorithm)
+    if not isinstance(preset, str) or preset not in known:
+        valid = ", ".join(sorted(known)) or "(none: this algorithm has no presets)"
+        raise UserError(f"unknown preset {short(preset)} for algorithm {algorithm!r}; valid presets: {valid}")
+    return dict(known[preset].values)
+
+
+def _nested(dotted: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _fill(given: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with the keys of ``defaults`` it lacks (recursively into sections both have as mappings)."""
+    out = dict(given)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _fill(out[key], value)
+    return out
+
+
+def apply_preset(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` (a nested config dict as given) with its ``algorithm.preset``'s values filled in wherever
+    ``raw`` does not set the key itself; unchanged without a preset."""
+    section = raw.get("algorithm")
+    if not isinstance(section, dict) or section.get("preset") is None:
+        return raw
+    name = section.get("name", "fedavg")
+    if not isinstance(name, str):
+        return raw  # the config's own validation names the problem
+    return _fill(raw, _nested(preset_values(name, section["preset"])))
+
+
+def describe_presets(algorithm: str) -> list[str]:
+    """Lines for ``fedpcd list``: each preset, its summary and the values it sets."""
+    lines = []
+    for name, preset in sorted(presets_of(algorithm).items()):
+        values = ", ".join(f"{k}={v}" for k, v in preset.values.items())
+        lines.append(f"  {name}: {preset.summary}")
+        lines.append(f"    sets: {values}")
+    return lines
