@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,3 +183,23 @@ def test_fedavg_fmnist_iid_reaches_acceptance_accuracy(tmp_path):
     )
     summary = run_experiment(cfg, progress=False)
     assert summary["final"]["global_acc"] >= 0.70
+
+
+def test_the_engine_reads_no_reply_field_by_a_string_literal():
+    """Reply fields are read through algorithms.base's names (MODEL, NUM_SAMPLES, TRAIN_LOSS) or the typed
+    ClientReply, never as reply["model"] / .get("num_samples") in the engine or the Flower backend."""
+    import ast
+
+    fields = {"model", "num_samples", "train_loss"}
+    src = Path(__file__).resolve().parents[1] / "src" / "fedpcd"
+    found = []
+    for path in [*(src / "engine").rglob("*.py"), *(src / "flower").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            key = None
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):  # not the record's keys
+                key = node.slice
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                key = node.args[0] if node.func.attr == "get" and node.args else None
+            if isinstance(key, ast.Constant) and key.value in fields:
+                found.append(f"{path.relative_to(src)}:{node.lineno} {key.value!r}")
+    assert not found, found

@@ -620,3 +620,34 @@ def test_a_set_stop_event_ends_the_serverapp_at_its_next_poll(tmp_path, task_ide
     )
     with pytest.raises(Interrupted):
         serve(InProcessGrid(_nodes(2)), cfg, stop=stop)
+
+
+def test_the_client_app_and_the_worker_pool_run_the_one_client_update(tmp_path, task_identity, monkeypatch):
+    """Both call fedpcd.engine.client_update's code for each client: a copy of the client update in either
+    path would not reach the spied ``local_step``."""
+    import pickle
+
+    from fedpcd.engine import client_update, pool
+    from fedpcd.engine.federation import build_federation
+
+    trained: list[int] = []
+    real = client_update.local_step
+
+    def spy(algorithm, model, data, *args, **kwargs):
+        trained.append(data.id)
+        return real(algorithm, model, data, *args, **kwargs)
+
+    monkeypatch.setattr(client_update, "local_step", spy)
+    args = [*SMALL, "clients=3", "rounds=1"]
+    flower = load_config(None, [*args, f"output_dir={tmp_path / 'flower'}", "backend=flower"])
+    serve(InProcessGrid(_nodes(3)), flower, node_timeout=5)
+    assert sorted(trained) == [0, 1, 2]
+
+    trained.clear()  # the function a pool worker runs, called here
+    fed = build_federation(load_config(None, args))
+    monkeypatch.setattr(pool, "_FEDERATION", fed)
+    algorithm = fed.new_algorithm()
+    server = algorithm.init_server(fed.model_for(0, fresh=True))
+    tasks = list(client_update.make_tasks(algorithm, server, [0, 1, 2], 1, {}, False, True))
+    replies = pickle.loads(pool._work(pickle.dumps(algorithm), pickle.dumps(tasks)))
+    assert sorted(trained) == [0, 1, 2] and [r.client for r in replies] == [0, 1, 2]
