@@ -547,6 +547,18 @@ def side_by_side(fraction: float, rounds: int, repeats: int) -> dict[str, Any]:
     return {"samples_per_round": samples, "rounds": rounds, "ratios": ratios, "peak_pss_mb": peak}
 
 
+def amdahl(rate_1: float, rate_2: float, clients_per_round: int = 20) -> dict[str, float]:
+    """Amdahl's model fitted to the measured speed-up of 2 processes: the serial fraction s with
+    S(2) = 1 / (s + (1 - s) / 2), then S(n) = 1 / (s + (1 - s) / min(n, clients per round)) (a round has no
+    more parallel tasks than clients) for n processes on n cores, as speed-ups over 1 process."""
+    speedup = rate_2 / rate_1
+    serial = min(1.0, max(0.0, 2 / speedup - 1))
+    out = {"serial": serial}
+    for n in (4, 8, 16):
+        out[n] = 1 / (serial + (1 - serial) / min(n, clients_per_round))
+    return out
+
+
 def print_side_by_side(side: dict[str, Any]) -> list[str]:
     """The table, and the targets it misses."""
     ratios, peak = side["ratios"], side["peak_pss_mb"]
@@ -562,6 +574,15 @@ def print_side_by_side(side: dict[str, Any]) -> list[str]:
         a, b = f"e2e {executor} {test} w1", f"e2e {executor} {test} w2"
         mem = f"{peak[a]:.0f} -> {peak[b]:.0f} ({peak[b] / peak[a]:.2f}x)"
         print(f"{label:34} {ratios[a]:>10.2f} {ratios[b]:>10.2f} {mem:>24}")
+    for name, label in (
+        ("train", "training only"),
+        ("e2e sequential full", "end to end, default evaluation"),
+    ):
+        model = amdahl(ratios[f"{name} w1"], ratios[f"{name} w2"])
+        shown = ", ".join(f"{n} cores {model[n]:.1f}x" for n in (4, 8, 16))
+        print(
+            f"  model ({label}): serial fraction {model['serial']:.2f} from the 2-process speed-up; {shown}"
+        )
     misses = []
     for name, target in (
         ("train w2", TARGET_TRAIN_W2),

@@ -76,3 +76,13 @@ def test_scale_quick_keeps_only_personal_parts(tmp_path, capsys):
     # the benchmark reports its memory target; whether it is met is a property of the benchmark's own
     # process (run alone), not of a pytest process that holds every earlier test's memory
     assert "target: FedAvg peak RSS < 2048 MB with 12 clients, 4 per round" in capsys.readouterr().out
+
+
+def test_side_by_side_amdahl_model_is_fitted_to_the_two_process_speedup():
+    amdahl = _load("speed").amdahl
+    perfect, none = amdahl(1.0, 2.0), amdahl(1.0, 1.0)
+    assert perfect["serial"] == 0.0 and perfect[16] == 16.0
+    assert amdahl(1.0, 2.0, clients_per_round=10)[16] == 10  # no more tasks than clients
+    assert none["serial"] == 1.0 and none[4] == none[16] == 1.0
+    quarter = amdahl(0.5, 0.8)  # a speed-up of 1.6 = 1 / (s + (1 - s) / 2) for s = 0.25
+    assert abs(quarter["serial"] - 0.25) < 1e-12 and abs(quarter[4] - 1 / (0.25 + 0.75 / 4)) < 1e-12
