@@ -12,7 +12,7 @@ from fedpcd.demo import DEMO_METHODS, FEDSC_NOTE, FEDSSA_NOTE, leader_sentence, 
 def test_demo_compares_fedavg_and_the_five_methods(tmp_path, capsys):
     overrides = ["rounds=3", "eval_every=1", "dataset.train_fraction=0.02", "personal_test=split"]
     assert main(["demo", "--out", str(tmp_path), "--quiet", *overrides]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     names = [name for name, _ in DEMO_METHODS]
     assert names == ["fedavg", "fedgela", "fedmr", "fednh", "fedsc", "fedssa"]
     lines = out.splitlines()
@@ -28,9 +28,18 @@ def test_demo_compares_fedavg_and_the_five_methods(tmp_path, capsys):
     assert " ".join(FEDSSA_NOTE.split()) in text and " ".join(FEDSC_NOTE.split()) in text
     assert all((tmp_path / name / "summary.json").exists() for name in names)
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
-    # a second call reuses the finished runs instead of refusing their folders
+    heads = [line for line in err.splitlines() if line.startswith("== ")]
+    assert [h.split(":")[0] for h in heads] == [f"== method {i}/6" for i in range(1, 7)]
+    assert heads[0] == f"== method 1/6: fedavg: {lines[0].removeprefix('Setting: ').rstrip('.')}"
+    assert all(" (demo ETA: about " in h and " for the " in h for h in heads[1:]), heads
+    # a second call reuses the finished runs instead of refusing their folders, and says so
     assert main(["demo", "--out", str(tmp_path), "--quiet", *overrides]) == 0
-    assert capsys.readouterr().out.splitlines()[4:10] == lines[4:10]
+    again = capsys.readouterr()
+    assert again.out.splitlines()[4:10] == lines[4:10]
+    assert [line for line in again.err.splitlines() if line.startswith("== ")] == [
+        f"== method {i}/6: {name}: reused finished run in {tmp_path / name}"
+        for i, name in enumerate(names, 1)
+    ]
 
 
 def test_leader_sentence_weighs_the_lead_against_the_swing():
@@ -55,3 +64,15 @@ def test_curves_have_a_title_one_legend_per_panel_and_one_y_range(tmp_path):
     assert [t.get_text() for t in pa.get_legend().get_texts()] == ["fedavg", "fedssa"]
     assert ga.get_ylim() == pa.get_ylim()
     assert ga.get_lines()[0].get_color() == pa.get_lines()[0].get_color()
+
+
+def test_eta_extrapolates_the_finished_methods():
+    from fedpcd.demo import eta
+
+    assert eta([], 6) == ""  # nothing finished yet: no estimate
+    assert eta([15.0], 4) == (
+        " (demo ETA: about 60 s for the 4 methods left, at the mean time of the one finished)"
+    )
+    assert eta([100.0, 140.0], 4) == (
+        " (demo ETA: about 8 min for the 4 methods left, at the mean time of the 2 finished)"
+    )

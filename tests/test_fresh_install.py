@@ -8,10 +8,18 @@ import subprocess
 
 import pytest
 
-from install_helpers import ROOT, SYSTEM_PYTHON, clean_env, needs_git_checkout, needs_system_python
+from install_helpers import (
+    INSTALL_TIMEOUT,
+    ROOT,
+    SYSTEM_PYTHON,
+    clean_env,
+    needs_git_checkout,
+    needs_system_python,
+)
 
 
 @pytest.mark.slow
+@pytest.mark.release
 @needs_system_python
 @needs_git_checkout
 def test_make_install_from_a_clean_clone_with_the_system_python(tmp_path):
@@ -24,7 +32,7 @@ def test_make_install_from_a_clean_clone_with_the_system_python(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=INSTALL_TIMEOUT,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "externally-managed-environment" not in done.stderr

@@ -161,3 +161,40 @@ def test_descriptions_cite_nothing_outside_the_repository():
 
     names = sorted({n for reg in REGISTRIES.values() for n in reg.names()})
     assert not [hit for name in names for hit in forbidden_hits(describe(name))]
+
+
+def test_shorten_keeps_a_fitting_first_sentence_and_cuts_a_long_one_at_a_word_with_an_ellipsis():
+    from fedpcd.cli import shorten
+
+    doc = "FedX: a method\n    spanning two lines (Doe et al., 2024). Then more.\n\nDetails."
+    assert shorten(doc, 80) == "FedX: a method spanning two lines (Doe et al., 2024)."
+    assert shorten("One. Two.", 80) == "One."  # the first sentence only
+    assert shorten("Eq. 3 holds, i.e. Fine here.", 80) == "Eq. 3 holds, i.e. Fine here."  # abbreviations
+    assert shorten("alpha beta gamma delta epsilon", 20) == "alpha beta gamma…"  # a whole word, never a part
+    # a clause is kept whole where it keeps three quarters of the width; else the last whole word
+    assert shorten("aaaa bbbb cccc dddd eeee, ffff gggg", 30) == "aaaa bbbb cccc dddd eeee…"
+    assert shorten("aaaa, bbbb cccc dddd eeee ffff gggg", 30) == "aaaa, bbbb cccc dddd eeee…"
+    # inside a long bracket: the last whole word, the bracket closed after the ellipsis
+    assert shorten("Name (aaaa bbbb cccc dddd eeee ffff)", 25) == "Name (aaaa bbbb cccc…)"
+
+
+def test_plain_list_lines_fit_and_mark_every_shortened_description(capsys):
+    from fedpcd.cli import LIST_WIDTH
+
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    shortened = 0
+    for line in lines:
+        kind, name = line.split()[:2]
+        registry = next(reg for k, reg in REGISTRIES.items() if k.startswith(kind))
+        doc = " ".join(registry.get(name).__doc__.split("\n\n")[0].split())
+        text = line[len(f"{kind:<10} {name:<14} ") :]
+        assert len(line) <= LIST_WIDTH
+        if "…" in text:
+            shortened += 1
+            kept = text[: text.index("…")]
+            assert text.endswith("…") or text.endswith("…)")
+            assert doc.startswith(kept) and doc[len(kept)] in " ,;:"  # cut between words, never inside one
+        else:
+            assert doc.startswith(text) and text.endswith((".", ")"))  # a whole sentence
+    assert shortened > 0

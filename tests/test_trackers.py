@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from fedpcd.config import canonical_config, load_config
+from fedpcd.engine.records import record_line
 from fedpcd.errors import UserError
 from fedpcd.run_format import RunFiles
 from fedpcd.sweep import expand_sweep
@@ -90,7 +91,8 @@ SUMMARY = {"rounds": 3, "wall_s": 1.5, "final": {"global_acc": 0.375, "clients":
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
     """A run logged by all four loggers: rounds 1-2, then an error; resumed from round 1's checkpoint
-    (rounds 2 and 3 logged again by the loop), then closed with a summary."""
+    (metrics.jsonl rewritten to its records by the loop, then rounds 2 and 3 logged again), then closed
+    with a summary."""
     path = tmp_path_factory.mktemp("tracked") / "run1"
     path.mkdir()
     config = load_config(None, [ALL, "tracking.group=grp", f"output_dir={path}"])
@@ -101,9 +103,10 @@ def resumed(tmp_path_factory):
         raise RuntimeError("the run fails")
     first = json.loads(run.trackers.read_text())
     first_status = mlflow_read(run, first["mlflow"]["run_id"], [])[0]
+    run.metrics.write_text(record_line(record(1)))  # the checkpoint's records, as the round loop puts back
     with open_trackers(config, path, resume=True) as trackers:
-        for rnd in (2, 3):
-            trackers.log(record(rnd))
+        for again in (record(2, left_out=[3]), record(3)):  # round 2 recomputed as it was
+            trackers.log(again)
         trackers.close(SUMMARY)
     return run, first, first_status
 
@@ -141,7 +144,7 @@ def test_tensorboard_scalars_per_metric_with_step_round(resumed):
     assert tags["bytes_up"] == [(1, 100.0), (2, 200.0), (3, 300.0)]
     assert tags["summary.final.global_acc"] == [(3, 0.375)]
     assert "group: grp" in tensorboard_text(run, "config")  # config.yaml, written once
-    assert len(list(run.tensorboard.glob("events.out.tfevents.*"))) == 2  # one file per session
+    assert len(list(run.tensorboard.glob("events.out.tfevents.*"))) == 1  # rebuilt on resume
 
 
 def test_wandb_offline_run_resumed_under_the_same_id(resumed):
@@ -193,7 +196,7 @@ def test_mlflow_file_store_run(resumed):
 def test_nothing_is_written_outside_the_run_directory(resumed):
     run = resumed[0]
     top = {p.name for p in run.path.iterdir()}
-    assert top == {"trackers.json", "metrics.csv", "tensorboard", "wandb", "mlruns"}
+    assert top == {"metrics.jsonl", "trackers.json", "metrics.csv", "tensorboard", "wandb", "mlruns"}
     assert {p.name for p in run.wandb.iterdir()} >= {"cache"}  # W&B's caches and logs: in the run too
 
 

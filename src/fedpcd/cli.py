@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
+import errno
 import json
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +93,11 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
+    import time
+
     from fedpcd.report.document import output_paths, write_report
 
+    started = time.time()
     text = write_report(
         args.runs_dir,
         args.out,
@@ -103,10 +110,13 @@ def cmd_report(args: argparse.Namespace) -> None:
         title=args.title,
         notes=args.notes,
     )
-    print(text, end="")
-    if args.out:
+    if args.print or not args.out:
+        print(text, end="")
+    if args.out:  # the files this report wrote (not older ones in its figures folder), one path a line
         markdown, figures = output_paths(args.out)
-        print(f"wrote {markdown} (figures and CSV in {figures})")
+        written = [p for p in figures.rglob("*") if p.is_file() and p.stat().st_mtime >= started - 1]
+        for path in [markdown, *sorted(p for p in written if p != markdown)]:
+            print(f"wrote {path}")
 
 
 def cmd_list(args: argparse.Namespace) -> None:
@@ -121,9 +131,6 @@ def cmd_list(args: argparse.Namespace) -> None:
     from fedpcd.data.partition import PARTITIONERS
     from fedpcd.models import MODELS
 
-    def first_line(obj: Any) -> str:
-        return (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
-
     for kind, reg in [
         ("algorithm", ALGORITHMS),
         ("dataset", DATASETS),
@@ -131,7 +138,42 @@ def cmd_list(args: argparse.Namespace) -> None:
         ("model", MODELS),
     ]:
         for name in reg.names():
-            print(f"{kind:<10} {name:<14} {first_line(reg.get(name))}")
+            head = f"{kind:<10} {name:<14} "
+            print(head + shorten((reg.get(name).__doc__ or "").strip(), LIST_WIDTH - len(head)))
+
+
+LIST_WIDTH = 120  # `fedpcd list` lines are at most this long
+# a full stop after these ends no sentence
+_ABBREVIATIONS = ("e.g.", "i.e.", "al.", "Eq.", "Eqs.", "Sec.", "App.", "Fig.", "Tab.", "cf.", "vs.", "tech.")
+
+
+def _balanced(text: str) -> bool:
+    return text.count("(") == text.count(")") and text.count("``") % 2 == 0
+
+
+def shorten(doc: str, width: int) -> str:
+    """A docstring's first sentence on one line of at most ``width`` characters: whole if it fits, else cut
+    after its last clause (', ', '; ', ': ') outside brackets where that keeps three quarters of it, else
+    after its last whole word (outside brackets where that keeps half of it, a bracket then closed after the
+    ellipsis), and marked with an ellipsis."""
+    text = " ".join(doc.split("\n\n", 1)[0].split())
+    for i, char in enumerate(text):  # the first sentence: up to a full stop before a capital or the end
+        if char == "." and (i + 1 == len(text) or text[i + 1 : i + 3].strip()[:1].isupper()):
+            word = text[: i + 1].rsplit(" ", 1)[-1].lstrip("(")
+            if not word.endswith(_ABBREVIATIONS) and _balanced(text[: i + 1]):
+                text = text[: i + 1]
+                break
+    if len(text) <= width:
+        return text
+    room = width - 2  # the ellipsis, and a bracket closed after it
+    clauses = [i for i in range(room) if text[i : i + 2] in (", ", "; ", ": ") and _balanced(text[:i])]
+    words = [i for i in range(room + 1) if text[i] == " " and _balanced(text[:i])]
+    cut = next((i for i in reversed(clauses) if i >= 3 * width // 4), None)  # a whole clause, if long
+    cut = cut or next((i for i in reversed(words) if i >= width // 2), None)
+    if cut is None:  # inside a long bracket: its last whole word, then the bracket closed
+        cut = text[: room + 1].rfind(" ")
+    kept = text[: cut if cut > 0 else room].rstrip(" ,;:")
+    return kept + "…" + ")" * (kept.count("(") - kept.count(")"))
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -199,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the report here: a folder (report.md, curves, partitions, cells.csv inside) or a .md "
         "file (figures in the folder of the same name beside it)",
     )
+    report.add_argument(
+        "--print",
+        action="store_true",
+        help="with --out: also print the markdown (without --out it is always printed)",
+    )
     report.add_argument("--title", help="a '# TITLE' heading on top of the markdown")
     report.add_argument("--notes", metavar="FILE", help="markdown put under the title (setup, caveats)")
     report.add_argument(
@@ -265,20 +312,67 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     try:
-        args.func(args)
+        with _terminate_as_interrupt():
+            args.func(args)
     except UserError as exc:
         print(f"fedpcd: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return 0
-    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; SIGTERM in a Flower run is SystemExit(15)
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, SIGTERM; SIGTERM in a Flower run: SystemExit(15)
         if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
             raise
         hint = getattr(args, "resume_hint", None)
         print(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}", file=sys.stderr)
+        if isinstance(exc, _Terminated):
+            return 128 + int(signal.SIGTERM)
         return 130 if isinstance(exc, KeyboardInterrupt) else int(signal.SIGTERM)
+    except MemoryError:
+        print(f"fedpcd: error: {_OUT_OF_MEMORY}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # one the commands did not turn into a line of their own
+        print(f"fedpcd: error: {_os_error_line(exc, getattr(args, 'resume_hint', None))}", file=sys.stderr)
+        return 2
     return 0
+
+
+_OUT_OF_MEMORY = (
+    "out of memory; free memory, or make the run smaller (fewer clients per round, a smaller "
+    "local.batch_size or model, engine.workers=1, fewer sweep --jobs)"
+)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C: the run stops where it is, its lock released, its resume command said."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`_Terminated` in the main thread for the block (elsewhere: no change)."""
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _os_error_line(exc: OSError, hint: str | None) -> str:
+    """An OSError as one line: the path (or the resource), the system's cause and what to do."""
+    from fedpcd.engine.rundir import os_advice
+    from fedpcd.utils import show_path
+
+    cause = exc.strerror or type(exc).__name__
+    what = f"cannot access {show_path(exc.filename)}: {cause}" if exc.filename is not None else cause
+    resume = f"; then resume with: {hint}" if hint and exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return f"{what}; {os_advice(exc)}{resume}"
 
 
 if __name__ == "__main__":

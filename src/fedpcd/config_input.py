@@ -1,7 +1,10 @@
 """Reading what users write for a config: YAML files, ``KEY=VALUE`` overrides, and the bounds every value
 must meet before it is validated (``fedpcd.config``).
 
-YAML is read with aliases refused (a few hundred bytes of them expand to gigabytes) and nesting bounded; an
+YAML is read with aliases refused (a few hundred bytes of them expand to gigabytes), nesting bounded, a
+mapping's key given twice refused (YAML would keep the last silently), and its size bounded before it is
+parsed: a config file of at most ``MAX_CONFIG_BYTES``, lists and mappings of at most ``MAX_ITEMS`` entries
+(refused as the parser meets the entry past the bound, so a huge list costs milliseconds, not minutes). An
 override's value is a YAML scalar or list; every value of the merged tree must be finite, fit 64-bit
 integers or float32 (what tensors hold) and hold no NUL character. Problems are one-line UserErrors.
 """
@@ -18,6 +21,9 @@ import yaml
 from fedpcd.errors import UserError, clip, short
 
 MAX_DEPTH = 32  # nesting levels of a config (YAML file, override value, or the merged tree)
+MAX_CONFIG_BYTES = 256 * 1024  # a config or sweep file (the shipped ones are under 5 KB)
+MAX_ITEMS = 10_000  # entries of one YAML list or mapping (the pure-Python parser reads ~20k a second)
+_MERGE = "tag:yaml.org,2002:merge"  # the '<<' key
 _INT64 = 2**63
 
 
@@ -26,8 +32,9 @@ class _Refused(Exception):
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses aliases (``*name``: a few hundred bytes of them expand to gigabytes)
-    and nesting deeper than ``MAX_DEPTH`` levels."""
+    """``yaml.SafeLoader`` that refuses aliases (``*name``: a few hundred bytes of them expand to gigabytes),
+    nesting deeper than ``MAX_DEPTH`` levels, lists and mappings of more than ``MAX_ITEMS`` entries and a
+    key given twice in one mapping."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -41,6 +48,12 @@ class _ConfigLoader(yaml.SafeLoader):
                     f"uses the YAML alias *{clip(event.anchor, 40)} "
                     f"(line {event.start_mark.line + 1}); aliases are not allowed in configs: write it out"
                 )
+        if parent is not None and len(parent.value) >= MAX_ITEMS:
+            line = parent.start_mark.line + 1
+            raise _Refused(
+                f"has a list or mapping of more than {MAX_ITEMS} entries (line {line}); a config holds "
+                "settings, not data: put data in a file"
+            )
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
@@ -48,6 +61,24 @@ class _ConfigLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        """The mapping, refusing a key given twice (YAML itself keeps the last one silently)."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE:
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the constructor's own error follows
+                    break
+                if first is not None:
+                    where = f"line {line}" if first == line else f"lines {first} and {line}"
+                    raise _Refused(f"gives the key {short(key)} twice ({where}); keep one of them")
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_yaml(text: str) -> Any:
@@ -103,24 +134,31 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise UserError(f"config file not found: {p}")
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise UserError(
+                f"config file {p} is over {MAX_CONFIG_BYTES // 1024} KiB; a config holds settings, not data: "
+                "put data in a file"
+            )
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"config file {p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except OSError as exc:
         raise UserError(f"cannot read config file {p}: {exc.strerror or exc}") from None
     try:
-        data = load_yaml(text)
+        tree = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"config file {p} is not valid YAML{where}") from None
     except _Refused as exc:
         raise UserError(f"config file {p} {exc}") from None
-    if data is None:
+    if tree is None:
         return {}
-    if not isinstance(data, dict):
-        raise UserError(f"config file {p} must hold a mapping of keys, got {type(data).__name__}")
-    return data
+    if not isinstance(tree, dict):
+        raise UserError(f"config file {p} must hold a mapping of keys, got {type(tree).__name__}")
+    return tree
 
 
 def check_values(tree: Any, key: str = "", depth: int = 0) -> None:

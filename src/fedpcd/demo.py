@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,22 +114,43 @@ def plot_demo_curves(curves: dict[str, list[dict[str, Any]]], title: str, path: 
     return fig
 
 
+def eta(trained: list[float], remaining: int) -> str:
+    """' (about N min left ...)': the ``remaining`` methods (this one included) at the mean time of the
+    methods trained so far in this call; empty before the first has finished."""
+    if not trained:
+        return ""
+    seconds = remaining * sum(trained) / len(trained)
+    left = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    done = f"the {len(trained)} finished" if len(trained) > 1 else "the one finished"
+    return f" (demo ETA: about {left} for the {remaining} methods left, at the mean time of {done})"
+
+
 def run_demo(out: Path, overrides: list[str], progress: bool = True) -> str:
     """Train each of DEMO_METHODS on the packaged demo config (plus ``overrides``) into ``out/<name>``, draw
     ``out/curves.png`` and return the printed report."""
     demo_file = resources.files("fedpcd") / "configs" / "demo.yaml"
     curves: dict[str, list[dict[str, Any]]] = {}
+    trained: list[float] = []  # seconds of each method trained (not reused) in this call
     rows, means, swings = [], {m.key: {} for m in HEADLINE}, {m.key: {} for m in HEADLINE}
     with resources.as_file(demo_file) as path:
-        for name, params in DEMO_METHODS:
+        for number, (name, params) in enumerate(DEMO_METHODS, 1):
             cfg = load_config(
                 path, [f"algorithm.name={name}", *params, f"output_dir={out / name}", *overrides]
             )
-            print(f"== {name}: {setting_name(cfg)}", file=sys.stderr)
             run_dir = RunDir(out / name)  # a finished method is reused, an interrupted one resumed
+            head = f"== method {number}/{len(DEMO_METHODS)}: {name}"
+            reused = run_dir.summary.exists()
+            if reused:
+                print(f"{head}: reused finished run in {out / name}", file=sys.stderr)
+            else:
+                left = eta(trained, len(DEMO_METHODS) - number + 1)
+                print(f"{head}: {setting_name(cfg)}{left}", file=sys.stderr)
+            started = time.monotonic()
             summary = (
                 resume_run(out / name, progress) if run_dir.holds_run() else run_experiment(cfg, progress)
             )
+            if not reused:
+                trained.append(time.monotonic() - started)
             records = run_dir.records()
             label = " ".join([name, *(p.removeprefix("algorithm.") for p in params)])
             curves[label] = records

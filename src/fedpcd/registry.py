@@ -34,8 +34,9 @@ def _plugin_label(ep: EntryPoint) -> str:
     return f"{ep.name!r} ({ep.group} = {ep.value}{dist})"
 
 
-def _load_error(ep: EntryPoint, err: Exception) -> UserError:
-    """One line naming the plugin and what its import raised (a message of several lines is joined)."""
+def _load_error(ep: EntryPoint, err: BaseException) -> UserError:
+    """One line naming the plugin and what its import raised (a message of several lines is joined; a
+    ``sys.exit()`` shows as SystemExit and its code)."""
     text = clip(" ".join(str(err).split()), 200)
     return UserError(f"plugin {_plugin_label(ep)} failed to load: {type(err).__name__}: {text}")
 
@@ -69,7 +70,9 @@ class Registry(Generic[T]):
                 for ep in entry_points(group=group):
                     try:
                         ep.load()
-                    except Exception as err:
+                    except KeyboardInterrupt:
+                        raise
+                    except BaseException as err:  # sys.exit() or any BaseException: a failed plugin too
                         self._plugin_error = _load_error(ep, err)
                         break
         if self._plugin_error is not None:

@@ -29,6 +29,14 @@ fails (an exception, e.g. a diverging method) is reported and the sweep goes on 
 that cannot be run now (held by another fedpcd process, started without a checkpoint, or with a corrupt
 summary.json). The sweep succeeds (exit code 0) when every run of its grid is finished at its end, whoever
 finished it; otherwise it ends with one line counting the runs that failed, were skipped and finished.
+While it runs, a progress line (runs finished, running with their last evaluated round, failed, and an ETA
+from the wall times of the runs finished so far) is printed as each run ends and every ``PROGRESS_EVERY``
+seconds between.
+
+fedpcd never writes through a symbolic link in a sweep folder: an ``index.sqlite`` (or its SQLite side
+files) or a run folder that is a link is refused with one line before anything runs, as links in a run
+folder are (``engine/rundir.py``); the sweep's ``output_dir`` itself is the user's path and may be a link.
+With ``--jobs N`` the pool's workers die with the sweep's process, however it ends (``procs_guard``).
 """
 
 from __future__ import annotations
@@ -41,8 +49,10 @@ import os
 import re
 import sqlite3
 import sys
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -50,10 +60,12 @@ from typing import Any
 from fedpcd.config import Config, config_from_dict
 from fedpcd.config_input import merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import RunInUseError, UserError, clip
+from fedpcd.procs_guard import die_with_parent
 from fedpcd.run_format import GA, PA_SPLIT, RunFiles
 from fedpcd.utils import make_folder, path_error, show_path
 
 MAIN_KEYS = ("name", "scheme")
+PROGRESS_EVERY = 60.0  # seconds between two progress lines while no run ends
 SETTING = "setting"  # the axis whose values are mappings of several keys set together
 
 
@@ -158,14 +170,18 @@ SKIP_REASONS = {
 }
 
 
-def _run_one(config_data: dict[str, Any], resume: bool) -> tuple[str, float | None]:
-    """Run or resume one run of the grid; wall time None: another process finished it meanwhile."""
+def _run_one(config_data: dict[str, Any], resume: bool) -> tuple[str, float | None, float]:
+    """Run or resume one run of the grid: its folder, its summary's wall time (None: another process
+    finished it meanwhile) and the seconds it took here (data loading included: what the ETA needs)."""
     from fedpcd.engine import resume_run, run_experiment
+    from fedpcd.engine.rundir import refuse_link
 
+    t0 = time.perf_counter()
     config = Config.model_validate(config_data)
+    refuse_link(config.output_dir)  # again: a link may have been put there since the sweep started
     status = run_status(config)  # again: another sweep on the same folder may have started or finished it
     if status == "done":
-        return config.output_dir, None
+        return config.output_dir, None, time.perf_counter() - t0
     if status in SKIP_REASONS:
         raise UserError(f"{config.output_dir} {SKIP_REASONS[status]}")
     summary = (
@@ -173,7 +189,99 @@ def _run_one(config_data: dict[str, Any], resume: bool) -> tuple[str, float | No
         if resume or status == "resume"
         else run_experiment(config, progress=False)
     )
-    return config.output_dir, summary["wall_s"]
+    return config.output_dir, summary["wall_s"], time.perf_counter() - t0
+
+
+def check_sweep_links(index: Path, configs: list[Config]) -> None:
+    """Refuse a sweep folder where what fedpcd writes (the index, its SQLite side files, the run folders) is
+    a symbolic link, dangling or not: writing there would change what it points to."""
+    from fedpcd.engine.rundir import refuse_link
+
+    for suffix in ("", *SQLITE_SIDE_FILES):
+        refuse_link(index.with_name(index.name + suffix))
+    for cfg in configs:
+        refuse_link(cfg.output_dir)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+class _Progress:
+    """The grid's progress: counts, the running runs' last evaluated rounds and an ETA (a line)."""
+
+    def __init__(self, total: int, done: int, todo: int, jobs: int) -> None:
+        self.total, self.done, self.todo, self.jobs = total, done, todo, jobs
+        self.failed = self.skipped = 0
+        self.times: list[float] = []  # seconds each run of this sweep took
+        self.running: dict[str, int] = {}  # output_dir -> rounds of its config
+        self._lock = threading.Lock()
+
+    def start(self, cfg: Config) -> None:
+        with self._lock:
+            self.running[cfg.output_dir] = cfg.rounds
+
+    def end(self, out: str, outcome: str, seconds: float | None = None) -> None:
+        """A run ended: 'done' (after ``seconds``), 'failed' or 'skipped'."""
+        with self._lock:
+            self.running.pop(out, None)
+            self.todo -= 1
+            if outcome == "done":
+                self.done += 1
+                if seconds is not None:
+                    self.times.append(seconds)
+            elif outcome == "failed":
+                self.failed += 1
+            else:
+                self.skipped += 1
+
+    def line(self) -> str:
+        with self._lock:
+            running = dict(self.running)
+            parts = [f"{self.done}/{self.total} finished", f"{len(running)} running"]
+            if self.failed:
+                parts.append(f"{self.failed} failed")
+            if self.skipped:
+                parts.append(f"{self.skipped} skipped")
+            if not self.todo:
+                eta = ""
+            elif self.times:
+                left = self.todo * sum(self.times) / len(self.times) / min(self.jobs, self.todo)
+                eta = f"; ETA {_minutes(left)}"
+            else:
+                eta = "; ETA after the first run ends"
+        rounds = ", ".join(
+            f"{clip(Path(out).name, 40)} round {_last_round(out)}/{total}" for out, total in running.items()
+        )
+        return f"sweep: {', '.join(parts)}{f' ({rounds})' if rounds else ''}{eta}"
+
+
+def _last_round(out: str) -> int:
+    """The last evaluated round in a running run's metrics.jsonl (0 before the first)."""
+    try:
+        with open(RunFiles(out).metrics, "rb") as fh:
+            lines = fh.read().splitlines()
+        return int(json.loads(lines[-1])["round"]) if lines else 0
+    except (OSError, ValueError, KeyError, TypeError):  # a line being written, or no file yet
+        return 0
+
+
+@contextlib.contextmanager
+def _heartbeat(progress: _Progress, every: float) -> Iterator[None]:
+    """Print the progress line every ``every`` seconds during the block (a daemon thread)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            print(progress.line(), flush=True)
+
+    thread = threading.Thread(target=beat, name="fedpcd-sweep-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _names(dirs: list[str], root: Path, limit: int = 3) -> str:
@@ -194,6 +302,8 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
     stops the sweep at once.
     """
     configs = expand_sweep(path, overrides)
+    index = index_path(path, overrides)
+    check_sweep_links(index, configs)
     todo, skipped = [], []
     for cfg in configs:
         status = run_status(cfg)
@@ -203,37 +313,40 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
         elif status != "done":
             todo.append((cfg, status == "resume"))
     print(f"sweep: {len(configs)} runs, {len(configs) - len(todo)} finished or skipped, {len(todo)} to run")
-    index = index_path(path, overrides)
     write_index(index, configs)
     failed: list[str] = []
     index_errors: list[str] = []
+    progress = _Progress(len(configs), len(configs) - len(todo) - len(skipped), len(todo), jobs)
 
-    def finished(out: str, outcome: Callable[[], tuple[str, float | None]]) -> None:
+    def finished(out: str, outcome: Callable[[], tuple[str, float | None, float]]) -> None:
         try:
-            _, wall = outcome()
+            _, wall, seconds = outcome()
         except RunInUseError as exc:  # another sweep on the same folder runs it: not a failure of the run
             skipped.append(out)
+            progress.end(out, "skipped")
             print(f"skip {clip(str(exc), 300)}", flush=True)
         except Exception as exc:  # one run's failure must not stop the others
             failed.append(out)
+            progress.end(out, "failed")
             first = str(exc).splitlines()[0] if str(exc) else ""
             print(f"FAILED {out}: {type(exc).__name__}: {clip(first, 300)}", file=sys.stderr, flush=True)
         else:
+            progress.end(out, "done", seconds if wall is not None else None)
             note = f"{wall:.0f} s" if wall is not None else "finished meanwhile by another process"
             print(f"done {out} ({note})", flush=True)
+        print(progress.line(), flush=True)
         try:
             write_index(index, [c for c in configs if c.output_dir == out])
         except UserError as exc:  # the runs matter more than their index (said at the end; rebuilt later)
             index_errors.append(str(exc))
 
-    if jobs <= 1:
-        for cfg, resume in todo:
-            finished(cfg.output_dir, lambda c=cfg, r=resume: _run_one(c.to_dict(), r))
-    else:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_run_one, cfg.to_dict(), resume): cfg.output_dir for cfg, resume in todo}
-            for fut in as_completed(futures):
-                finished(futures[fut], fut.result)
+    with _heartbeat(progress, PROGRESS_EVERY):
+        if jobs <= 1:
+            for cfg, resume in todo:
+                progress.start(cfg)
+                finished(cfg.output_dir, lambda c=cfg, r=resume: _run_one(c.to_dict(), r))
+        else:
+            _run_pool(todo, jobs, progress, finished)
     statuses = {c.output_dir: run_status(c) for c in configs}
     if index_errors:  # bring the index up to date with the runs, if it can be written now
         with contextlib.suppress(UserError):
@@ -263,12 +376,36 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
     )
 
 
+def _run_pool(
+    todo: list[tuple[Config, bool]],
+    jobs: int,
+    progress: _Progress,
+    finished: Callable[[str, Callable[[], tuple[str, float | None, float]]], None],
+) -> None:
+    """Run ``todo`` in ``jobs`` worker processes that die with this one (``procs_guard``), calling
+    ``finished`` as each ends; a run counts as running once a worker has taken it."""
+    context = get_context("spawn")
+    with ProcessPoolExecutor(jobs, context, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+        futures: dict[Future[tuple[str, float | None, float]], Config] = {
+            pool.submit(_run_one, cfg.to_dict(), resume): cfg for cfg, resume in todo
+        }
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            taken = [f for f in pending if f.running()][:jobs]  # the call queue holds one more than jobs
+            for fut in taken:
+                progress.start(futures[fut])
+            for fut in done:
+                finished(futures[fut].output_dir, fut.result)
+
+
 # ----- the results index ----------------------------------------------------------------------------------
 # SQLite rather than Parquet: it is in Python's standard library (no pyarrow), transactional (a sweep killed
 # while writing never leaves a torn index), updated row by row as runs finish without rewriting the file, and
 # read by the sqlite3 shell, pandas.read_sql or any SQL client.
 
 INDEX_FILE = "index.sqlite"  # in the sweep's output_dir, next to the runs' folders
+SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")  # what SQLite writes beside a database
 # the headline numbers as columns <when>_<name>, e.g. final_ga: name -> metric (names kept from before the
 # metric table; users query them), when: the summary's "final" (last evaluated round) or "best"
 INDEX_METRICS = {"ga": GA, "pa": PA_SPLIT}
@@ -327,7 +464,12 @@ def write_index(path: Path, configs: list[Config]) -> None:
     """Insert or replace the rows of ``configs`` in the SQLite index at ``path`` (one transaction). A folder
     that cannot hold it, or a file there that is not such an index (corrupt, read-only), is one line naming
     it: the index only mirrors the run folders, so deleting it loses nothing."""
+    from fedpcd.engine.rundir import create_regular_file, refuse_link
+
     make_folder(path.parent, target=path)
+    for suffix in SQLITE_SIDE_FILES:  # SQLite opens these itself: none may be a link
+        refuse_link(path.with_name(path.name + suffix))
+    create_regular_file(path, "the sweep index ")  # never through a link (dangling or not), nor a FIFO
     rows = [index_row(c) for c in configs]
     columns = ", ".join(f"{name} {kind}" for name, kind in INDEX_COLUMNS.items())
     marks = ", ".join(f":{name}" for name in INDEX_COLUMNS)

@@ -18,6 +18,14 @@ writes a file store ``mlruns/``, and neither sends telemetry (environment defaul
 trackers are open and only where the environment does not set them). ``trackers.json`` keeps each
 logger's run id and the last round it logged: a resumed run continues the same tracker runs and logs only
 the rounds after that one, never a step twice.
+
+A kill can land between a tracker's write and the checkpoint (or trackers.json), so on resume the files the
+run owns are rebuilt from the checkpointed metrics, which the round loop has put back into metrics.jsonl
+before it opens the trackers: ``metrics.csv`` is rewritten from them and ``tensorboard/`` gets one event file
+of them (the older event files removed), so each step appears exactly once after any kill. An MLflow run
+cannot drop a logged point: on resume each metric key's logged steps are read back from the run and a step
+already there is not logged again. W&B keeps steps increasing itself (a step at or below its last is
+dropped).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from typing import Any, Protocol
 from fedpcd.config import Config, _flatten, config_yaml
 from fedpcd.errors import UserError
 from fedpcd.run_format import RunFiles
-from fedpcd.utils import atomic_write, atomic_write_text, read_json
+from fedpcd.utils import read_json
 
 INSTALL = "pip install 'fedpcd[trackers]'"
 # logger -> the module it needs
@@ -70,6 +78,20 @@ def check_trackers(config: Config) -> None:
             )
 
 
+def _run_records(run: RunFiles) -> list[dict[str, Any]]:
+    """The records of the run's metrics.jsonl: on resume, the checkpoint's (the round loop rewrote it)."""
+    from fedpcd.engine.records import read_records
+
+    return read_records(run.metrics) if run.metrics.exists() else []
+
+
+def _write(run: RunFiles, path: Path, write: Any) -> None:
+    """Write a tracker file of the run atomically, never through a symbolic link (``engine/rundir.py``)."""
+    from fedpcd.engine.rundir import safe_write
+
+    safe_write(path, write, root=run.path)
+
+
 class _Logger(Protocol):
     def log(self, step: int, record: dict[str, Any]) -> None: ...
 
@@ -83,50 +105,71 @@ def _cell(value: Any) -> Any:
 
 
 class _Csv:
-    """``metrics.csv``: appended a row at a time; rewritten (atomically) when a record brings a new key."""
+    """``metrics.csv``: appended a row at a time; rewritten (atomically) when a record brings a new key, and
+    on resume from the checkpointed records (``records``)."""
 
-    def __init__(self, run: RunFiles, config: Config, entry: dict[str, Any]) -> None:
-        self.path = run.metrics_csv
+    def __init__(
+        self, run: RunFiles, config: Config, entry: dict[str, Any], records: list[dict[str, Any]]
+    ) -> None:
+        self.run, self.path = run, run.metrics_csv
         self.columns: list[str] = []
-        if entry[LAST] and self.path.exists():
-            with open(self.path, newline="", encoding="utf-8") as fh:
-                self.columns = next(csv.reader(fh), [])
+        self.rows: list[dict[str, Any]] = []
+        if entry[LAST] or self.path.exists():
+            self._rewrite([{key: _cell(value) for key, value in r.items()} for r in records])
+        entry[LAST] = records[-1]["round"] if records else 0
 
-    def log(self, step: int, record: dict[str, Any]) -> None:
-        row = {key: _cell(value) for key, value in record.items()}
-        new = [key for key in row if key not in self.columns]
-        if not new:
-            with open(self.path, "a", newline="", encoding="utf-8") as fh:
-                csv.DictWriter(fh, self.columns, lineterminator="\n").writerow(row)
-            return
-        rows = []
-        if self.columns:
-            with open(self.path, newline="", encoding="utf-8") as fh:
-                rows = list(csv.DictReader(fh))
-        self.columns += new
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.columns = list(dict.fromkeys(key for row in rows for key in row))
 
         def write(fh: Any) -> None:
-            writer = csv.DictWriter(fh, self.columns, lineterminator="\n")
-            writer.writeheader()
-            writer.writerows([*rows, row])
+            if self.columns:
+                writer = csv.DictWriter(fh, self.columns, lineterminator="\n")
+                writer.writeheader()
+                writer.writerows(rows)
 
-        atomic_write(self.path, write)
+        _write(self.run, self.path, write)
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        from fedpcd.engine.rundir import open_no_follow, writing
+
+        row = {key: _cell(value) for key, value in record.items()}
+        if any(key not in self.columns for key in row):
+            self._rewrite([*self.rows, row])
+            return
+        self.rows.append(row)
+        fd = open_no_follow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with writing(self.path), open(fd, "a", newline="", encoding="utf-8") as fh:
+            csv.DictWriter(fh, self.columns, lineterminator="\n").writerow(row)
 
     def close(self, summary: dict[str, float], step: int, failed: bool) -> None:
         """Nothing to close (summary.json lies beside it)."""
 
 
 class _TensorBoard:
-    """``tensorboard/``: ``torch.utils.tensorboard.SummaryWriter`` event files (a resumed run adds a file)."""
+    """``tensorboard/``: ``torch.utils.tensorboard.SummaryWriter`` event files; on resume the old ones are
+    replaced by one file of the checkpointed records (``records``), then the run goes on in it."""
 
-    def __init__(self, run: RunFiles, config: Config, entry: dict[str, Any]) -> None:
+    def __init__(
+        self, run: RunFiles, config: Config, entry: dict[str, Any], records: list[dict[str, Any]]
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        from fedpcd.engine.rundir import refuse_link, writing
+
+        refuse_link(run.tensorboard)
+        with writing(run.tensorboard):  # a resume: every step from the checkpointed records only
+            if run.tensorboard.is_dir():
+                for old in run.tensorboard.iterdir():
+                    if "tfevents" in old.name and not old.is_dir():
+                        old.unlink()
         self.writer = SummaryWriter(log_dir=str(run.tensorboard))
-        if not entry[LAST]:
-            # config.yaml as a Markdown code block
-            text = "".join(f"    {line}\n" for line in config_yaml(config).splitlines())
-            self.writer.add_text("config", text, 0)
+        # config.yaml as a Markdown code block
+        text = "".join(f"    {line}\n" for line in config_yaml(config).splitlines())
+        self.writer.add_text("config", text, 0)
+        for record in records:
+            self.log(record["round"], record)
+        entry[LAST] = records[-1]["round"] if records else 0
 
     def log(self, step: int, record: dict[str, Any]) -> None:
         for key, value in _step_values(record).items():
@@ -143,7 +186,9 @@ class _Wandb:
     """A W&B run (offline by default) in ``wandb/``; a resumed run reopens its id (offline: a second run
     folder of the same id, which ``wandb sync`` appends)."""
 
-    def __init__(self, run: RunFiles, config: Config, entry: dict[str, Any]) -> None:
+    def __init__(
+        self, run: RunFiles, config: Config, entry: dict[str, Any], records: list[dict[str, Any]]
+    ) -> None:
         import wandb
 
         tracking = config.tracking
@@ -177,7 +222,9 @@ class _MLflow:
     """An MLflow run in ``tracking.mlflow_uri`` (default: a file store ``mlruns/`` in the run directory),
     in the experiment ``tracking.project``, tagged ``group``; params: the flattened config."""
 
-    def __init__(self, run: RunFiles, config: Config, entry: dict[str, Any]) -> None:
+    def __init__(
+        self, run: RunFiles, config: Config, entry: dict[str, Any], records: list[dict[str, Any]]
+    ) -> None:
         from mlflow.entities import Param
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
@@ -185,10 +232,15 @@ class _MLflow:
 
         tracking = config.tracking
         self.client = MlflowClient(tracking_uri=tracking.mlflow_uri or run.mlruns.resolve().as_uri())
+        self.logged: dict[str, set[int]] = {}  # metric key -> the steps the run holds already
         if "run_id" in entry:
             try:
                 self.client.update_run(entry["run_id"], status="RUNNING")
                 self.run_id = entry["run_id"]
+                keys = self.client.get_run(self.run_id).data.metrics
+                self.logged = {
+                    key: {m.step for m in self.client.get_metric_history(self.run_id, key)} for key in keys
+                }
                 return
             except MlflowException:  # gone from the store: a new run from here on
                 entry.clear()
@@ -206,10 +258,14 @@ class _MLflow:
             self.client.log_batch(self.run_id, params=params[start : start + MAX_PARAMS_TAGS_PER_BATCH])
 
     def _metrics(self, values: dict[str, float], step: int) -> None:
+        """Log ``values`` at ``step``, but those the run holds at that step already (a resume after a kill
+        between this write and trackers.json)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+        metrics = [Metric(k, v, now, step) for k, v in values.items() if step not in self.logged.get(k, ())]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
 
     def log(self, step: int, record: dict[str, Any]) -> None:
         self._metrics(_step_values(record), step)
@@ -290,11 +346,12 @@ class Trackers:
         check_trackers(config)
         if resume and self._run.trackers.exists():
             self._state = _read_state(self._run.trackers)
+        records = _run_records(self._run) if resume else []
         self._stack.enter_context(_environ_defaults(_environment(self._run)))
         try:
             for name in config.tracking.loggers:
                 entry = self._state.setdefault(name, {LAST: 0})
-                self._loggers[name] = OPENERS[name](self._run, config, entry)
+                self._loggers[name] = OPENERS[name](self._run, config, entry, records)
                 self._stack.callback(self._close_one, self._loggers[name], entry)
             self._save()
         except BaseException:
@@ -302,7 +359,8 @@ class Trackers:
             raise
 
     def _save(self) -> None:
-        atomic_write_text(self._run.trackers, json.dumps(self._state, indent=1, sort_keys=True) + "\n")
+        text = json.dumps(self._state, indent=1, sort_keys=True) + "\n"
+        _write(self._run, self._run.trackers, lambda fh: fh.write(text))
 
     def _close_one(self, logger: _Logger, entry: dict[str, Any]) -> None:
         logger.close(self._summary, entry[LAST], self._failed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,51 @@ def load_checkpoint_file(path: str | Path, map_location: torch.device | str | No
     ):
         raise UserError(f"{path} is not a fedpcd checkpoint (bad 'round', 'server' or 'client_states')")
     return state
+
+
+def _tensors(tree: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
+    """(key path, tensor) of every tensor in nested dicts, lists and tuples."""
+    if isinstance(tree, torch.Tensor):
+        yield prefix, tree
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _tensors(value, (*prefix, key))
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from _tensors(value, (*prefix, i))
+
+
+def _at(tree: Any, keys: tuple[Any, ...]) -> Any:
+    """The value at a key path of nested dicts and lists (None where the path is missing)."""
+    for key in keys:
+        if isinstance(tree, dict):
+            tree = tree.get(key)
+        elif isinstance(tree, (list, tuple)) and isinstance(key, int) and key < len(tree):
+            tree = tree[key]
+        else:
+            return None
+    return tree
+
+
+def check_server_state(server: dict[str, Any], reference: dict[str, Any], path: str | Path) -> None:
+    """Refuse a checkpoint's server state that does not fit the run's model: every tensor of ``reference``
+    (what the algorithm's ``init_server`` makes of the run's model) must be at the same key in ``server``,
+    with the same shape and dtype; ``server`` may hold more (state an algorithm adds in later rounds).
+    One line naming the first tensor that does not fit."""
+    for keys, ref in _tensors(reference):
+        name = ".".join(map(str, keys))
+        got = _at(server, keys)
+        if not isinstance(got, torch.Tensor):
+            raise UserError(
+                f"{path}: the checkpoint's server state has no tensor {clip(name)}, which the run's model "
+                "needs; it is not this run's checkpoint: delete the checkpoint folder to restart the run"
+            )
+        if got.shape != ref.shape or got.dtype != ref.dtype:
+            raise UserError(
+                f"{path}: the checkpoint's server tensor {clip(name)} is {list(got.shape)} {got.dtype}, but "
+                f"the run's model needs {list(ref.shape)} {ref.dtype}; it is not this run's checkpoint: "
+                "delete the checkpoint folder to restart the run"
+            )
 
 
 def check_allowed_changes(keys: Sequence[str]) -> None:

@@ -21,12 +21,48 @@ from typing import Any
 
 import torch
 
+from fedpcd.algorithms.base import MODEL, NUM_SAMPLES
 from fedpcd.config import Config
 from fedpcd.errors import DivergenceError
 
 
 class NonFiniteError(ArithmeticError):
     """A client's computation failed on non-finite numbers (e.g. an SVD of NaN weights): a divergence."""
+
+
+class InvalidReply(ValueError):
+    """A client's reply that the server cannot aggregate (malformed, another client's, a tensor of the wrong
+    shape or type, a sample count that is not the client's): that client fails the round."""
+
+
+def reply_problem(update: Any, payload: Mapping[str, Any], num_samples: int) -> str | None:
+    """Why the server refuses a client's reply, checked against what it sent and knows (None: it does not).
+
+    The reply is a mapping; its ``num_samples`` is the client's own number of training samples (the server
+    made the partition; a client cannot weigh itself up); every tensor of its model that the payload's model
+    also holds has that tensor's shape and dtype. Non-finite values are :func:`screen_replies`' business."""
+    if not isinstance(update, Mapping):
+        return f"the reply is a {type(update).__name__}, not a mapping"
+    if NUM_SAMPLES not in update:
+        return f"the reply has no {NUM_SAMPLES!r}"
+    n = update[NUM_SAMPLES]
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or n != num_samples:
+        return f"{NUM_SAMPLES} {n!r} is not the client's {num_samples} training samples"
+    sent, got = payload.get(MODEL), update.get(MODEL)
+    if got is None or not isinstance(sent, Mapping):
+        return None
+    if not isinstance(got, Mapping):
+        return f"its {MODEL!r} is a {type(got).__name__}, not a mapping of tensors"
+    for key, value in got.items():
+        want = sent.get(key)
+        if not isinstance(value, torch.Tensor):
+            return f"{MODEL}/{key} is a {type(value).__name__}, not a tensor"
+        if isinstance(want, torch.Tensor) and (value.shape != want.shape or value.dtype != want.dtype):
+            return (
+                f"{MODEL}/{key} is {value.dtype} {tuple(value.shape)}, the server sent "
+                f"{want.dtype} {tuple(want.shape)}"
+            )
+    return None
 
 
 def first_nonfinite(obj: Any, path: str = "") -> str | None:

@@ -29,12 +29,10 @@ when this process dies, even by SIGKILL.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import pickle
 import signal
-import sys
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -47,6 +45,7 @@ from fedpcd.engine.federation import Federation, set_threads
 from fedpcd.engine.guard import warn
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.models import MODELS
+from fedpcd.procs_guard import die_with_parent
 
 __all__ = ["WorkerDied", "WorkerPool"]
 
@@ -60,20 +59,10 @@ class WorkerDied(RuntimeError):
 _FEDERATION: Federation | None = None
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: SIGKILL this process when its parent exits (also by SIGKILL); elsewhere the closed task queue
-    ends an idle worker."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def _start_worker(fed: Federation, parent: int) -> None:
     global _FEDERATION
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the round loop's: it stops the pool
-    _die_with_parent(parent)
+    die_with_parent(parent)
     set_threads(fed.config)
     _FEDERATION = fed
 

@@ -22,9 +22,16 @@ from typing import Any
 from tqdm import tqdm
 
 from fedpcd.algorithms import FedAvg
+from fedpcd.algorithms.base import MODEL
 from fedpcd.config import Config
 from fedpcd.data.stats import partition_json
-from fedpcd.engine.checkpoint import check_checkpoint, checkpoint_records, checkpoint_state, restore_rng
+from fedpcd.engine.checkpoint import (
+    check_checkpoint,
+    check_server_state,
+    checkpoint_records,
+    checkpoint_state,
+    restore_rng,
+)
 from fedpcd.engine.executor import Executor, StatesUnavailable
 from fedpcd.engine.federation import (
     Federation,
@@ -34,7 +41,7 @@ from fedpcd.engine.federation import (
     sample_clients,
     set_threads,
 )
-from fedpcd.engine.guard import check_server, screen_replies, warn
+from fedpcd.engine.guard import InvalidReply, check_server, reply_problem, screen_replies, warn
 from fedpcd.engine.metrics import accuracy, predict
 from fedpcd.engine.privacy import add_noise, clip_update
 from fedpcd.engine.records import round_record, summary_of
@@ -147,6 +154,16 @@ def play_round(
     ids = sample_clients(config.clients, config.participation, config.seed, rnd)
     evaluate = is_eval_round(rnd, config)
     results = executor.train(algorithm, server, ids, rnd, evaluate, is_full_eval_round(rnd, config))
+    for r in results:  # a reply the server cannot aggregate fails its client, it never stops the run
+        problem = (
+            None
+            if r.error
+            else reply_problem(
+                r.update, algorithm.payload_for(server, r.client), fed.clients[r.client].num_samples
+            )
+        )
+        if problem is not None:
+            r.update, r.error = {}, InvalidReply(problem)
     screened = screen_replies(
         config,
         rnd,
@@ -198,6 +215,10 @@ def run_rounds(
     ``on_record``."""
     algorithm = fed.new_algorithm()
     if checkpoint is not None:
+        # the server's model must fit the run's (other server state may change shape over rounds, e.g. FedSC's
+        # prototype bank); the global RNG the reference draws from is restored below
+        reference = algorithm.init_server(fed.model_for(0, fresh=True)).get(MODEL, {})
+        check_server_state(checkpoint["server"], {MODEL: reference}, run_dir.checkpoint)
         server, start = checkpoint["server"], checkpoint["round"]
         wall = float(checkpoint.get("wall_s", 0.0))
         executor.restore(checkpoint["client_states"])

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,17 +42,19 @@ _HELD: dict[Path, int] = {}  # run directories whose lock this process holds -> 
 
 
 def refuse_link(path: str | Path) -> None:
-    """A UserError if ``path`` is a symbolic link: fedpcd never writes through one in a run folder."""
+    """A UserError if ``path`` is a symbolic link: fedpcd never writes through one in a run or sweep
+    folder."""
     if os.path.islink(path):
         raise UserError(
-            f"{path} is a symbolic link; fedpcd never writes through links in a run folder: replace it with "
-            "the real file or folder, or set output_dir to a new folder"
+            f"{path} is a symbolic link; fedpcd never writes through links in a run or sweep folder: replace "
+            "it with the real file or folder, or set output_dir to a new folder"
         )
 
 
-def write_error(path: str | Path, exc: OSError) -> UserError:
-    """The one line for a failed write: the file and the cause (e.g. 'No space left on device')."""
-    return UserError(f"cannot write {path}: {exc.strerror or exc}")
+def write_error(path: str | Path, exc: OSError, what: str = "") -> UserError:
+    """The one line for a failed write: the file (``what`` names it, e.g. 'the sweep index ') and the cause
+    (e.g. 'No space left on device')."""
+    return UserError(f"cannot write {what}{path}: {exc.strerror or exc}")
 
 
 @contextmanager
@@ -63,9 +66,9 @@ def writing(path: str | Path) -> Iterator[None]:
         raise write_error(path, exc) from None
 
 
-def open_no_follow(path: str | Path, flags: int, mode: int = 0o666) -> int:
+def open_no_follow(path: str | Path, flags: int, mode: int = 0o666, what: str = "") -> int:
     """``os.open`` that never follows a symbolic link at ``path`` (a UserError); other failures as
-    :func:`write_error`."""
+    :func:`write_error` (``what``: the file's name for it)."""
     no_follow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     refuse_link(path)  # where O_NOFOLLOW is missing; with it, a link put there now is refused below
     try:
@@ -73,7 +76,22 @@ def open_no_follow(path: str | Path, flags: int, mode: int = 0o666) -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             refuse_link(path)
-        raise write_error(path, exc) from None
+        raise write_error(path, exc, what) from None
+
+
+def create_regular_file(path: str | Path, what: str = "") -> None:
+    """Create ``path`` empty if it is missing, never through a symbolic link (a UserError), and refuse one
+    that is not a regular file (a FIFO, a device, a folder): what a file opened by another library (SQLite)
+    must be before that library opens it."""
+    fd = open_no_follow(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), what=what)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(
+                f"cannot write {what}{path}: it is not a regular file; remove it, or set output_dir to a new "
+                "folder"
+            )
+    finally:
+        os.close(fd)
 
 
 def safe_write(
@@ -92,6 +110,44 @@ def safe_write(
         refuse_link(base.joinpath(*parts[: i + 1]))
     with writing(path):
         atomic_write(path, write, mode=mode)
+
+
+LOW_SPACE = 64 * 1024 * 1024  # free bytes under which a failed write is put down to a full disk
+
+
+def save_tensors(obj: Any, fh: Any) -> None:
+    """``torch.save`` into the open file ``fh``. torch's zip writer reports a short write (a full disk) as a
+    RuntimeError ('[enforce fail at inline_container.cc]'): that becomes the OSError it stands for
+    (No space left on device where the disk is nearly full, else Input/output error), so the caller's write
+    fails with one line naming the file."""
+    try:
+        torch.save(obj, fh)
+    except RuntimeError as exc:
+        if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
+            raise
+        try:
+            vfs = os.fstatvfs(fh.fileno())
+            full = vfs.f_bavail * vfs.f_frsize < LOW_SPACE
+        except OSError:
+            full = False
+        code = errno.ENOSPC if full else errno.EIO
+        raise OSError(code, os.strerror(code)) from None
+
+
+def os_advice(exc: OSError) -> str:
+    """What to do about an OSError, by its cause (a clause to put after the message)."""
+    advice = {
+        errno.ENOSPC: "free space on that disk, or set output_dir to another one; what was written is kept",
+        errno.EDQUOT: "free space within your quota, or set output_dir to another disk",
+        errno.EACCES: "give this user access to it, or choose another path",
+        errno.EPERM: "give this user access to it, or choose another path",
+        errno.EROFS: "it is on a read-only file system: choose another path",
+        errno.ENAMETOOLONG: "a name in the path is over 255 bytes (or the whole path too long): shorten it",
+        errno.EMFILE: "too many open files: raise the limit (ulimit -n) or run fewer jobs at once",
+        errno.ENFILE: "too many open files on this machine: close some programs or run fewer jobs at once",
+        errno.ENOMEM: "out of memory: free memory, or make the run smaller",
+    }
+    return advice.get(exc.errno or 0, "check the path and the disk")
 
 
 class RunDir(RunFiles):
@@ -210,9 +266,26 @@ class RunDir(RunFiles):
         if not restart:
             self.check_new(config)
         self.mkdir()
-        self._write_text(self.config, config_yaml(config))
-        self._write_text(self.partition, json.dumps(partition_json))
+        partition = json.dumps(partition_json)
+        if restart:  # the config.yaml the resume read is kept as written; a partition.json must be this run's
+            self._check_own(self.partition, partition)
+        if not (restart and self.config.is_file()):
+            self._write_text(self.config, config_yaml(config))
+        self._write_text(self.partition, partition)
         self._write_text(self.metrics, "")
+
+    def _check_own(self, path: Path, text: str) -> None:
+        """Refuse to replace ``path`` unless it is missing or holds ``text`` (what this run writes there)."""
+        try:
+            same = not os.path.lexists(path) or path.read_text(encoding="utf-8") == text
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if not same:
+            raise UserError(
+                f"{path} is not the one this run writes (another partition, or written by hand); fedpcd "
+                "never overwrites files it did not write for this run: move it away, or set output_dir to a "
+                "new folder"
+            )
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one round's record to metrics.jsonl (strict JSON: a NaN or infinity is refused)."""
@@ -245,7 +318,7 @@ class RunDir(RunFiles):
         from fedpcd.engine.federation import to_device
 
         cpu_state = to_device(state, "cpu")
-        self._write(self.checkpoint, lambda fh: torch.save(cpu_state, fh), mode="wb")
+        self._write(self.checkpoint, lambda fh: save_tensors(cpu_state, fh), mode="wb")
         with writing(self.checkpoint_dir):
             for stale in self.checkpoint_dir.glob(f".{self.checkpoint.name}.*"):  # of killed writes
                 stale.unlink(missing_ok=True)

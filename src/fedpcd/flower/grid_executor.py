@@ -30,6 +30,7 @@ from fedpcd.algorithms import FedAvg
 from fedpcd.algorithms.base import MODEL, tensor_bytes
 from fedpcd.engine.executor import StatesUnavailable
 from fedpcd.engine.federation import to_device
+from fedpcd.engine.guard import InvalidReply
 from fedpcd.engine.tasks import ClientReply
 from fedpcd.errors import UserError
 from fedpcd.flower import records, secagg
@@ -116,18 +117,13 @@ class GridExecutor:
                 except RuntimeError as exc:
                     got[k] = ClientReply(k, {}, None, down.get(k, 0), 0, error=exc)
                 continue
-            if int(msg.content[TASK]["client-id"]) != k:
-                raise RuntimeError(f"round {rnd}: reply for client {k} came from an unexpected node")
-            reply = to_device(records.decode(msg.content, REPLY), self.device)  # CPU tensors off the wire
-            up = tensor_bytes(reply)
-            if mean is not None:  # SecAgg+: every reply holds the mean, the only model the server saw
-                keys = list(msg.content[TASK][secagg.KEYS])
-                model = secagg.mean_model(mean, keys, sent[k][MODEL])
-                reply, up = {MODEL: to_device(model, self.device), **reply}, secagg.masked_bytes(msg)
-            metrics = records.get(msg.content, PERSONAL)
-            self.clients_keep_state |= bool(msg.content[TASK].get("has-state", False))
-            clipped = bool(msg.content[TASK].get("dp-clipped", False))
-            got[k] = ClientReply(k, reply, metrics, down[k], up, clipped=clipped)
+            if k not in down or k in got:  # a node not asked this round, or a second reply
+                continue
+            try:
+                got[k] = self._decode(msg, k, down[k], sent[k], mean)
+            except Exception as exc:  # noqa: BLE001 - a malformed reply is that client's failure
+                got[k] = ClientReply(k, {}, None, down[k], 0, error=InvalidReply(f"malformed reply: {exc}"))
+                continue
             self.changed.add(k)
         missing = TimeoutError(f"no reply within the round timeout ({self.round_timeout:g} s)")
         if self.secagg is not None:
@@ -135,6 +131,22 @@ class GridExecutor:
                 "left out of the secure aggregation (no masked update, or the protocol halted)"
             )
         return [got.get(k) or ClientReply(k, {}, None, down[k], 0, error=missing) for k in ids]
+
+    def _decode(self, msg: Message, k: int, down: int, sent: Any, mean: Any) -> ClientReply:
+        """Client ``k``'s TRAIN reply as a :class:`ClientReply`; raises for a reply that is not one."""
+        task = msg.content[TASK]
+        if int(task["client-id"]) != k:
+            raise ValueError(f"it names client {task['client-id']}")
+        reply = to_device(records.decode(msg.content, REPLY), self.device)  # CPU tensors off the wire
+        if not isinstance(reply, dict):
+            raise ValueError(f"its {REPLY!r} record is not a dict")
+        up = tensor_bytes(reply)
+        if mean is not None:  # SecAgg+: every reply holds the mean, the only model the server saw
+            model = secagg.mean_model(mean, list(task[secagg.KEYS]), sent[MODEL])
+            reply, up = {MODEL: to_device(model, self.device), **reply}, secagg.masked_bytes(msg)
+        metrics = records.get(msg.content, PERSONAL)
+        self.clients_keep_state |= bool(task.get("has-state", False))
+        return ClientReply(k, reply, metrics, down, up, clipped=bool(task.get("dp-clipped", False)))
 
     def _secure_round(self, contents: Mapping[int, RecordDict], rnd: int) -> tuple[list[Message], Any]:
         """The round's training through SecAgg+ (:mod:`fedpcd.flower.secagg`): the clients' stage-2 replies

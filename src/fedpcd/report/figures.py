@@ -154,6 +154,6 @@ def run_class_heatmap(run: Run, path: str | Path) -> bool:
     rows = [r for r in run.records if r.get("global_class_acc") is not None]
     if not rows:
         return False
-    title = f"{run.path.name}: global model, accuracy per class and round"
+    title = f"{show_path(run.path.name)}: global model, accuracy per class and round"
     plot_heatmap([f"round {r['round']}" for r in rows], [r["global_class_acc"] for r in rows], path, title)
     return True
