@@ -36,7 +36,9 @@ seconds between.
 fedpcd never writes through a symbolic link in a sweep folder: an ``index.sqlite`` (or its SQLite side
 files) or a run folder that is a link is refused with one line before anything runs, as links in a run
 folder are (``engine/rundir.py``); the sweep's ``output_dir`` itself is the user's path and may be a link.
-With ``--jobs N`` the pool's workers die with the sweep's process, however it ends (``procs_guard``).
+With ``--jobs N`` the pool's workers die with the sweep's process, however it ends (``procs_guard``), and
+the cores are shared rather than oversubscribed: each run's ``engine.workers: auto`` takes its share, the
+usable cores // N (``FEDPCD_CORES``).
 """
 
 from __future__ import annotations
@@ -376,6 +378,14 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
     )
 
 
+def _start_job(parent: int, cores: int) -> None:
+    """A sweep worker: dies with the sweep, and its runs' ``engine.workers: auto`` use ``cores`` cores."""
+    from fedpcd.engine.pool import CORES_VAR
+
+    die_with_parent(parent)
+    os.environ[CORES_VAR] = str(cores)
+
+
 def _run_pool(
     todo: list[tuple[Config, bool]],
     jobs: int,
@@ -384,8 +394,11 @@ def _run_pool(
 ) -> None:
     """Run ``todo`` in ``jobs`` worker processes that die with this one (``procs_guard``), calling
     ``finished`` as each ends; a run counts as running once a worker has taken it."""
+    from fedpcd.engine.pool import usable_cores
+
     context = get_context("spawn")
-    with ProcessPoolExecutor(jobs, context, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+    share = max(1, usable_cores() // jobs)  # each run's engine.workers: auto takes its share of the cores
+    with ProcessPoolExecutor(jobs, context, initializer=_start_job, initargs=(os.getpid(), share)) as pool:
         futures: dict[Future[tuple[str, float | None, float]], Config] = {
             pool.submit(_run_one, cfg.to_dict(), resume): cfg for cfg, resume in todo
         }
