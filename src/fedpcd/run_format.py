@@ -200,3 +200,44 @@ CLIENT_PA_SPLIT = "client_pa_split"  # a record's PA-split of each kept particip
 def headline(record: dict[str, Any]) -> dict[str, str]:
     """``{label: value}`` of the HEADLINE metrics of one round's record, 3 decimals ('-' when None)."""
     return {m.label: "-" if record.get(m.key) is None else f"{record[m.key]:.3f}" for m in HEADLINE}
+
+
+# The results-compatibility number: raised whenever a change to fedpcd alters the numbers of any run for the
+# same config on the same machine (a refactor that keeps them bitwise keeps it). Two runs whose summaries
+# name different numbers, or different commits with either one unknown, were not made by one code version.
+RESULTS_VERSION = 1
+CODE = "code"  # summary.json's record of the code that made the run (:func:`code_version`)
+
+
+def code_version() -> dict[str, Any]:
+    """The code that is running: fedpcd's version, the git commit of its checkout (None when installed from a
+    wheel; ``+dirty`` when the checkout has uncommitted changes) and :data:`RESULTS_VERSION`."""
+    import subprocess
+
+    from fedpcd import __version__
+
+    here = Path(__file__).resolve().parent
+    commit = None
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode == 0 and out.returncode == 0:
+            commit = head.stdout.strip() + ("+dirty" if out.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"fedpcd": __version__, "commit": commit, "results": RESULTS_VERSION}
+
+
+def same_code(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two summaries' :data:`CODE` records name one code version: the same results number and the
+    same commit (a run without the record, made before it existed, is known to match nothing)."""
+    if a is None or b is None:
+        return False
+    return a.get("results") == b.get("results") and a.get("commit") == b.get("commit")

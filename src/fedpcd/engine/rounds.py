@@ -47,7 +47,7 @@ from fedpcd.engine.privacy import add_noise, clip_update
 from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
-from fedpcd.run_format import headline
+from fedpcd.run_format import CODE, code_version, headline
 from fedpcd.trackers import check_trackers, open_trackers
 
 RecordHook = Callable[[dict[str, Any]], None]
@@ -276,7 +276,7 @@ def run_rounds(
                     warn(f"round {rnd}: no checkpoint ({exc}); a resume starts from the previous one")
                     continue
                 run_dir.save_checkpoint(checkpoint_state(rnd, server, states, wall, records, config))
-        summary = summary_of(records, wall, config.rounds)
+        summary = {**summary_of(records, wall, config.rounds), CODE: code_version()}
         run_dir.write_summary(summary)
         trackers.close(summary)
     return summary

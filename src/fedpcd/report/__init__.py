@@ -22,7 +22,7 @@ from typing import Any
 
 from fedpcd.config import run_setting
 from fedpcd.errors import UserError, clip, short
-from fedpcd.run_format import GA, HEADLINE, REPORTED, RunFiles
+from fedpcd.run_format import CODE, GA, HEADLINE, REPORTED, RunFiles, same_code
 from fedpcd.utils import parse_json, path_error, read_json, read_user_text, show_path
 
 IGNORED = {"seed", "output_dir"}
@@ -258,6 +258,29 @@ def reference_runs(runs: list[Run], algorithm: str) -> dict[str, Run]:
                 )
             refs[key] = run
     return refs
+
+
+def code_mismatches(runs: list[Run], algorithm: str) -> list[str]:
+    """The paired comparisons with ``algorithm`` whose two runs were not made by one code version (their
+    summaries' ``code`` records differ; pairs of runs that both predate the record are not checked)."""
+    refs = reference_runs(runs, algorithm)
+    out = []
+    for run in runs:
+        ref = refs.get(_without_algorithm(run))
+        if ref is None or ref is run:
+            continue
+        mine, theirs = run.summary.get(CODE), ref.summary.get(CODE)
+        if (mine is not None or theirs is not None) and not same_code(mine, theirs):
+            pair = f"`{run.path.name}` ({_code_label(mine)}) vs `{ref.path.name}` ({_code_label(theirs)})"
+            out.append(pair)
+    return out
+
+
+def _code_label(code: dict[str, Any] | None) -> str:
+    if code is None:
+        return "code not recorded"
+    commit = code.get("commit")
+    return f"results {code.get('results')}, " + (f"commit {commit[:12]}" if commit else "no commit")
 
 
 def mean_bytes(records: list[dict[str, Any]], key: str) -> float:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedpcd.report import (
+    code_mismatches,
     group_runs,
     last_rounds_phrase,
     load_runs,
@@ -74,6 +75,12 @@ def write_report(
         f"Runs below `{root}`: metrics in %, mean ± std over seeds of each run's mean over "
         f"{last_rounds_phrase(runs, last)}.{note}\n\n"
     )
+    mismatched = code_mismatches(runs, paired_with) if paired_with is not None else []
+    if mismatched:
+        intro += (
+            f"**Paired runs made by different code** ({len(mismatched)}; rerun one side with the other's "
+            "code before reading their difference): " + "; ".join(mismatched) + ".\n\n"
+        )
     varying, _ = group_runs(runs)
     sections = {k.partition(".")[0] for k in varying}
     paper = ""
