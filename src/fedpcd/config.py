@@ -207,10 +207,12 @@ class PrivacyConfig(_Strict):
     """Differential privacy with fixed clipping on every backend (``fedpcd.engine.privacy``): each client's
     model update clipped to L2 norm ``clip`` (on the ``client`` or the ``server``), Gaussian noise of std
     ``noise_multiplier * clip / m`` on the aggregate of m updates. ``clip: null`` (default): off.
+    ``delta``: the delta at which each evaluated round reports ``dp_epsilon`` (docs/privacy.md).
     ``secagg``: SecAgg+ secure aggregation on the Flower backend (``true`` for the defaults; null: off)."""
 
     clip: float | None = Field(None, gt=0.0, le=1e6)
     noise_multiplier: float = Field(0.0, ge=0.0, le=1e6)
+    delta: float = Field(1e-5, gt=0.0, lt=1.0)
     clipping: Literal["client", "server"] = "client"
     secagg: SecAggConfig | None = None
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -207,6 +207,8 @@ def retrain_classifier(
 @dataclass
 class CReFF(FedAvg):
     """CReFF: FedAvg + a classifier re-trained on server-side features learnt by gradient matching."""
+
+    extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "grad_weight", "grad_bias")
 
     # m, federated features per class: 100 ([C] num_of_feature, [F]; FedNH App. A.2).
     feats_per_class: Annotated[int, Field(ge=1)] = 100

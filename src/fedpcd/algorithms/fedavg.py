@@ -145,6 +145,11 @@ class FedAvg:
     # True when the method runs with a different architecture per client (config model.name a list or map):
     # it exchanges no tensor whose shape depends on the architecture (FedSSA's header rows, prototypes).
     heterogeneous: ClassVar[bool] = False
+    # What privacy.clip does not cover (engine/privacy.py refuses the algorithm under it, docs/privacy.md):
+    # the reply keys a client uploads besides "model", "num_samples" and "train_loss", and the server-state
+    # keys besides "model" that the server computes from the replies (not from the noised model alone).
+    extra_uploads: ClassVar[tuple[str, ...]] = ()
+    extra_server_state: ClassVar[tuple[str, ...]] = ()
 
     def setup(self, ctx: Context) -> None:
         """Called once on every process that runs this algorithm (server and clients); the algorithm object

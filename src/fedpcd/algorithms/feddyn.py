@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 from pydantic import Field
@@ -45,6 +45,8 @@ from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply, shifte
 @dataclass
 class FedDyn(FedAvg):
     """FedDyn: linear + quadratic dynamic regulariser on the client, h-corrected average on the server."""
+
+    extra_server_state: ClassVar[tuple[str, ...]] = ("h",)
 
     # alpha of Alg. 1. 1e-4: FedMR Table 9's tuned value for FMNIST, CIFAR10 and CIFAR100 (Fan et al.,
     # TMLR 2023; SVHN 1e-6 / 1e-5). The paper uses {0.1, 0.01, 0.001}.

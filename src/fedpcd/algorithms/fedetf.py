@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +75,8 @@ def init_projection(in_dim: int, out_dim: int, generator: torch.Generator) -> di
 @dataclass
 class FedETF(FedAvg):
     """FedETF: backbone + projection against a fixed ETF with a learnable scale; personal fine-tuning."""
+
+    extra_uploads: ClassVar[tuple[str, ...]] = ("proj", "scale")
 
     scale_init: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0  # beta^0 (code, ResNet20)
     learn_scale: bool = True  # code: beta is a trained, averaged parameter; False keeps beta = scale_init

@@ -153,6 +153,8 @@ def no_adaptation(label_counts: Tensor) -> tuple[Tensor, Tensor]:
 class FedGELA(FedAvg):
     """FedGELA: backbone trained against a fixed ETF scaled by the local label distribution (Eq. 4-5)."""
 
+    extra_uploads: ClassVar[tuple[str, ...]] = ("proj", "weight")
+
     # s in s*phi*m^T h: paper sqrt(E_W) (tuned), code 1/tau (tau=0.2 -> 5); see above
     scale: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 2.0
     normalize: Literal["l2", "bn", "bn_l2"] = "l2"  # l2: paper (E_H = 1); bn / bn_l2: code proxies

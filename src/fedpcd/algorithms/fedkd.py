@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +143,8 @@ def adaptive_mutual_losses(
 class FedKD(SharedModelMethod):
     """FedKD: private teacher and shared student distil each other adaptively; student updates go as SVD
     factors at a rising energy threshold."""
+
+    extra_uploads: ClassVar[tuple[str, ...]] = ("update",)
 
     t_start: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95  # T_start (official parameters.py)
     t_end: Annotated[float, Field(gt=0.0, le=1.0)] = 0.98  # T_end (official parameters.py)

@@ -216,6 +216,8 @@ def negative_mask(known: Tensor, local: Tensor | None, mode: Literal["local", "a
 class FedMR(FedAvg):
     """FedMR: CE + mu1 * intra-class decorrelation (Eq. 3) + mu2 * inter-class prototype hinge (Eq. 4)."""
 
+    extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
+
     # Weight of l_intra, Eq. (5). Default 1e-2: Table 9, FMNIST (all splits); SVHN 1e-3, CIFAR-10/100 0.1.
     # On the "code" scale of ``intra_impl``. mu1 = 0 is the inter-only ablation (Table 12).
     mu1: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0e-2

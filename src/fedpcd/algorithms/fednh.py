@@ -189,6 +189,8 @@ def class_feature_means(
 class FedNH(FedAvg):
     """FedNH: frozen hyperspherical prototypes as the classifier, updated on the server from class means."""
 
+    extra_uploads: ClassVar[tuple[str, ...]] = ("scale", "classes", "class_means", "class_counts")
+
     # Smoothing of the prototype update, Eq. (4); 0.9 in [P] App. A.2 and [C]. rho = 1: FedUH ([C]).
     rho: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
     # W^0. "simplex": Eq. (1)'s optimum [P] -- the exact regular simplex when feature_dim >= C-1, else

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -44,6 +44,8 @@ def effective_steps(tau: int, rho: float) -> float:
 @dataclass
 class FedNova(FedAvg):
     """FedNova: FedAvg whose server normalises each client's update by its effective step count ||a_i||_1."""
+
+    extra_uploads: ClassVar[tuple[str, ...]] = ("normalized_update", "a_norm", "buffers")
 
     # ||a_i||_1 with the local momentum of ``local.momentum`` (the paper's momentum variant, used by its
     # experiments and by the official code); False: a_i = tau_i (plain-SGD normalisation, ignores momentum).

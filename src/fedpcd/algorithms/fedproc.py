@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +58,8 @@ def prototype_contrastive_loss(
 @dataclass
 class FedProc(FedAvg):
     """FedProc: FedAvg + weight * l_pc against count-averaged global class prototypes."""
+
+    extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
 
     # Weight of l_pc. Default 1e-3: FedMR Table 9 for CIFAR-10 P10C3 and CIFAR-100 (1e-5 .. 1e-3 elsewhere
     # in that table). weight = 0 is FedAvg.

@@ -101,6 +101,8 @@ class ClassMeanExchange(FedAvg):
     :func:`class_means_reply`) and the initial server state; the client state is the own model and classes.
     """
 
+    extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
+
     heterogeneous: ClassVar[bool] = True
     statistic: ClassVar[str] = "prototypes"
     output: ClassVar[Literal["features", "logits"]] = "features"

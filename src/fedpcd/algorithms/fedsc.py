@@ -198,6 +198,8 @@ _PAPER_OPTIONS: dict[str, Any] = {
 class FedSC(FedAvg):
     """FedSC: CE + RPCL against relational prototypes + CPDR towards consistent prototypes."""
 
+    extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
+
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.05  # RPCL temperature, [P] and [C]
     num_neighbors: Annotated[int, Field(ge=0)] = 2  # M of Eqs. 8-9, [P] (M = 2); [C] is effectively 0
     rpcl_weight: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0  # [P]/[C] 1; 0 turns RPCL off

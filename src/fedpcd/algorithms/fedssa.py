@@ -91,6 +91,8 @@ def seen_classes(data: ClientData) -> Tensor:
 class FedSSA(FedAvg):
     """FedSSA: private heterogeneous extractors; header rows of seen classes averaged per class (Eq. 3-4)."""
 
+    extra_uploads: ClassVar[tuple[str, ...]] = ("client", "classes", "weight", "bias", "mask")
+
     heterogeneous: ClassVar[bool] = True
 
     mu0: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5  # mu_0 (code: 0.5; paper: tuned in (0, 1])

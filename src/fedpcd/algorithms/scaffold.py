@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 from pydantic import Field
@@ -61,6 +61,8 @@ def option_two_control(
 @dataclass
 class Scaffold(FedAvg):
     """SCAFFOLD, option II control variates; FedAvg plus the drift correction (c - c_i) on every gradient."""
+
+    extra_uploads: ClassVar[tuple[str, ...]] = ("control_delta",)
 
     # Global step size eta_g of Eq. (5); 1 is the paper's choice in its experiments.
     server_lr: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0

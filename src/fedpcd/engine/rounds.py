@@ -43,7 +43,7 @@ from fedpcd.engine.federation import (
 )
 from fedpcd.engine.guard import InvalidReply, check_server, reply_problem, screen_replies, warn
 from fedpcd.engine.metrics import accuracy, predict
-from fedpcd.engine.privacy import add_noise, clip_update
+from fedpcd.engine.privacy import add_noise, check_privacy, clip_update, dp_epsilon, reported_samples
 from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
@@ -132,6 +132,7 @@ def open_run(
     if not resume:
         run_dir.check_new(config)
     check_trackers(config)
+    check_privacy(config)
     with run_dir.lock():  # re-entrant: a Flower simulation's ServerApp thread takes it again
         if checkpoint is None:
             checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
@@ -155,13 +156,8 @@ def play_round(
     evaluate = is_eval_round(rnd, config)
     results = executor.train(algorithm, server, ids, rnd, evaluate, is_full_eval_round(rnd, config))
     for r in results:  # a reply the server cannot aggregate fails its client, it never stops the run
-        problem = (
-            None
-            if r.error
-            else reply_problem(
-                r.update, algorithm.payload_for(server, r.client), fed.clients[r.client].num_samples
-            )
-        )
+        n = reported_samples(config, fed.clients[r.client].num_samples)
+        problem = None if r.error else reply_problem(r.update, algorithm.payload_for(server, r.client), n)
         if problem is not None:
             r.update, r.error = {}, InvalidReply(problem)
     screened = screen_replies(
@@ -191,6 +187,7 @@ def play_round(
         record["left_out"] = sorted({*screened.failed, *screened.diverged})
     if privacy.clip is not None:
         record["dp_clipped"] = sum(r.clipped for r in kept)
+        record["dp_epsilon"] = dp_epsilon(config, rnd)
     return server, record, wall
 
 
