@@ -85,7 +85,7 @@ def test_isic2019_round_trip_keeps_centres(tmp_path):
     )
     big = src.convert("RGB").resize((250, 200), Image.BILINEAR).crop((25, 0, 225, 200))
     assert np.array_equal(ds.train_x[0].numpy(), np.asarray(big).transpose(2, 0, 1))
-    part = make_partition(ds.train_y.numpy(), ds.test_y.numpy(), 6, "natural", {}, 0, 8)
+    part = make_partition(ds.train_y.numpy(), ds.test_y.numpy(), 6, "natural", {}, 0, 8, ds.groups)
     for k in range(6):  # one centre per client, its own test images
         assert set(ds.train_groups.numpy()[part.train[k]]) == {k} and set(
             ds.test_groups.numpy()[part.test[k]]

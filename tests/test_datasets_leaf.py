@@ -72,7 +72,8 @@ def test_missing_leaf_files_name_the_folder_and_source(tmp_path):
 
 
 def _natural(ds, clients: int, seed: int = 0):
-    return make_partition(ds.train_y.numpy(), ds.test_y.numpy(), clients, "natural", {}, seed, ds.num_classes)
+    y, test_y = ds.train_y.numpy(), ds.test_y.numpy()
+    return make_partition(y, test_y, clients, "natural", {}, seed, ds.num_classes, ds.groups)
 
 
 def test_natural_partition_is_one_writer_per_client(tmp_path):
@@ -97,7 +98,7 @@ def test_natural_partition_is_one_writer_per_client(tmp_path):
 def test_natural_refuses_too_many_clients_and_datasets_without_clients(tmp_path):
     make_femnist(tmp_path / "femnist", writers=4)
     ds = load_dataset("femnist", root=tmp_path, download=False)
-    with pytest.raises(UserError, match=r"femnist has 4 clients .* use clients <= 4"):
+    with pytest.raises(UserError, match=r"the dataset has 4 clients .* use clients <= 4"):
         _natural(ds, 5)
     synthetic = load_dataset("synthetic")
     with pytest.raises(UserError) as info:

@@ -69,8 +69,9 @@ def cmd_partition(args: argparse.Namespace) -> None:
         cfg.dataset.name, cfg.dataset.root, cfg.dataset.train_fraction, cfg.seed, cfg.dataset.download
     )
     train_y, test_y = ds.train_y.numpy(), ds.test_y.numpy()
+    params = cfg.partition.params()
     part = make_partition(
-        train_y, test_y, cfg.clients, cfg.partition.scheme, cfg.partition.params(), cfg.seed, ds.num_classes
+        train_y, test_y, cfg.clients, cfg.partition.scheme, params, cfg.seed, ds.num_classes, ds.groups
     )
     print(partition_table(part, train_y, test_y))
     if args.json:

@@ -8,7 +8,6 @@ are index tensors into it (see ``fedpcd.data.partition``). The file formats have
 from __future__ import annotations
 
 import numbers
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -84,7 +83,6 @@ __all__ = [  # the registry and loaders, and the file formats' names as they wer
     "load_shakespeare",
     "load_isic2019",
     "channel_stats",
-    "dataset_of_labels",
     "load_digits",
     "load_synthetic",
     "load_synthetic16",
@@ -156,7 +154,14 @@ class Dataset:
             for split, g, y in pairs:
                 if g.dtype != torch.int64 or g.shape != y.shape:
                     raise ValueError(f"{self.name} {split}_groups must be int64 [{len(y)}]")
-            _WITH_GROUPS.add(self)
+
+    @property
+    def groups(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The natural clients of the train and test samples (a group id per sample), None without them: what
+        ``make_partition`` gives the ``natural`` scheme."""
+        if self.train_groups is None or self.test_groups is None:
+            return None
+        return self.train_groups.numpy(), self.test_groups.numpy()
 
     @property
     def in_channels(self) -> int:
@@ -199,23 +204,6 @@ class Dataset:
             f"Dataset({self.name!r}, train={len(self.train_y)}, test={len(self.test_y)}, "
             f"{shape}, classes={self.num_classes}{groups}, augment={self.augment})"
         )
-
-
-# The loaded datasets that have natural clients, so that the ``natural`` scheme, which is given the train
-# labels only (``make_partition``), finds the groups of the dataset those labels belong to.
-_WITH_GROUPS: weakref.WeakSet[Dataset] = weakref.WeakSet()
-
-
-def dataset_of_labels(labels: np.ndarray) -> Dataset | None:
-    """The loaded dataset with natural clients whose ``train_y`` is ``labels`` (the same memory, as
-    ``ds.train_y.numpy()`` gives), or None."""
-    arr = np.asarray(labels)
-    if arr.dtype != np.int64 or arr.ndim != 1:
-        return None
-    for ds in list(_WITH_GROUPS):
-        if ds.train_y.data_ptr() == arr.ctypes.data and len(ds.train_y) == len(arr):
-            return ds
-    return None
 
 
 def channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -27,6 +27,7 @@ carries no meaning, and loaders shuffle.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,6 +145,7 @@ def make_partition(
     params: dict,
     seed: int,
     num_classes: int | None = None,
+    groups: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Partition:
     """Partition the training set among ``num_clients`` clients; cut each client's local test split.
 
@@ -175,6 +177,8 @@ def make_partition(
     fn = PARTITIONERS.get(scheme)
     resolved = resolve_params(scheme, params)
     rng = np.random.default_rng(int(seed))
+    if "groups" in inspect.signature(fn).parameters:  # a scheme of the dataset's own clients (``natural``)
+        resolved = {**resolved, "groups": groups}
     result = fn(train, num_clients, num_classes, rng, **resolved)
     if len(result) != num_clients:  # pragma: no cover - a partitioner bug
         raise RuntimeError(f"scheme {scheme!r} returned {len(result)} clients, expected {num_clients}")

@@ -416,30 +416,29 @@ def natural(
     num_clients: int,
     num_classes: int,
     rng: np.random.Generator,
+    *,
+    groups: tuple[np.ndarray, np.ndarray] | None,
 ) -> SchemeSplit:
     """The dataset's own clients: one per LEAF writer or speaking role, or FLamby centre.
 
     With as many clients as the dataset has groups holding training samples, every group is a client (in
     group order); with fewer, ``num_clients`` of them are drawn without replacement from ``rng`` (LEAF's
     "a fixed number of users, chosen by seed") and kept in group order. Each client's local test split is
-    its own group's test samples. Datasets without natural clients refuse this scheme.
+    its own group's test samples. ``groups`` (the train and test samples' group ids) come from the dataset
+    (``make_partition``); datasets without natural clients refuse this scheme.
     """
-    from fedpcd.data.datasets import dataset_of_labels
-
-    ds = dataset_of_labels(labels)
-    if ds is None or ds.train_groups is None or ds.test_groups is None:
+    if groups is None:
         others = ", ".join(n for n in PARTITIONERS.names() if n != "natural")
         raise UserError(
             "partition scheme 'natural' needs a dataset with its own clients (femnist, shakespeare, "
             f"isic2019); this one has none: use one of {others}"
         )
-    train_groups = ds.train_groups.numpy()
-    test_groups = ds.test_groups.numpy()
+    train_groups, test_groups = groups
     present = np.unique(train_groups)
     if num_clients > len(present):
         raise UserError(
-            f"partition scheme 'natural': {ds.name} has {len(present)} clients with training samples, fewer "
-            f"than clients={num_clients}; use clients <= {len(present)}"
+            f"partition scheme 'natural': the dataset has {len(present)} clients with training samples, "
+            f"fewer than clients={num_clients}; use clients <= {len(present)}"
         )
     chosen = (
         present if num_clients == len(present) else np.sort(rng.choice(present, num_clients, replace=False))

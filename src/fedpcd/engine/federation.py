@@ -152,6 +152,7 @@ def build_federation(config: Config) -> Federation:
         config.partition.params(),
         config.seed,
         num_classes=ds.num_classes,
+        groups=ds.groups,
     )
     x, test_x = ds.normalized("train").to(device), ds.normalized("test").to(device)
     train_y, test_y = ds.train_y.to(device), ds.test_y.to(device)
