@@ -219,7 +219,13 @@ def test_head_prediction_and_fallback_before_any_prototype():
 
 def test_end_to_end_synthetic(tmp_path):
     out = tmp_path / "run"
-    args = SMALL + ["clients=4", "rounds=3", "participation=0.5", "algorithm.name=fedproto"]
+    args = SMALL + [
+        "clients=4",
+        "rounds=3",
+        "participation=0.5",
+        "algorithm.name=fedproto",
+        "personal_full_every=1",
+    ]
     run_experiment(load_config(None, args + [f"output_dir={out}"]), progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3]

@@ -48,13 +48,20 @@ def _start_ticks(pid: int) -> float:
 
 def test_descendants_and_identity_of_a_tree(spawn):
     shell = spawn("sleep 30 & sleep 30 & wait")
-    tree = _until(lambda: procs.descendants(shell.pid), lambda d: len(d) == 2)
+
+    def comm(p) -> str:
+        return Path(f"/proc/{p.pid}/comm").read_text().strip()
+
+    # both forked and exec'd (a forked child is "sh" until its exec: a busy machine shows it)
+    tree = _until(
+        lambda: procs.descendants(shell.pid), lambda d: len(d) == 2 and {comm(p) for p in d} == {"sleep"}
+    )
     mine = procs.descendants(os.getpid())
     assert tree < mine and procs.identity(shell.pid) in mine  # grandchildren too, not only children
     for proc in (*tree, procs.identity(shell.pid)):
         assert proc.started == pytest.approx(_start_ticks(proc.pid), abs=1e-9)  # the kernel's own number
         assert procs.identity(proc.pid) == proc and procs.alive(proc)  # stable over calls
-    assert {Path(f"/proc/{p.pid}/comm").read_text().strip() for p in tree} == {"sleep"}
+    assert {comm(p) for p in tree} == {"sleep"}
 
 
 def test_stop_terminates_then_kills(spawn):
