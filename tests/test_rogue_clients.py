@@ -100,3 +100,56 @@ def test_reply_problem_on_tiny_inputs():
     assert "not a mapping of tensors" in reply_problem({**good, "model": [1]}, sent, 5)
     # a tensor the payload did not hold (an algorithm's own upload) is not the payload's to check
     assert reply_problem({**good, "model": {"extra": torch.ones(7)}}, sent, 5) is None
+
+
+# ----- aggregation.robust: a well-formed poisoning update -------------------------------------------------
+
+
+def test_coordinate_median_and_trimmed_mean_on_tiny_inputs():
+    from fedpcd.algorithms.base import coordinate_median, trimmed_mean
+
+    values = [(1.0, 0.0, 1), (2.0, 10.0, 2), (10.0, 3.0, 3), (100.0, -1.0, 7)]
+    states = [{"w": torch.tensor([a, b]), "n": torch.tensor(n)} for a, b, n in values]
+    median = coordinate_median(states)  # even count: the mean of the two middle values
+    assert median["w"].tolist() == [6.0, 1.5] and median["n"].item() == 2  # round(2.5) = 2 (half to even)
+    assert coordinate_median(states[:3])["w"].tolist() == [2.0, 3.0]
+    trimmed = trimmed_mean(states, 0.25)  # drop 1 largest and 1 smallest per coordinate
+    assert trimmed["w"].tolist() == [6.0, 1.5]
+    assert trimmed_mean(states, 0.0)["w"].tolist() == [113.0 / 4, 12.0 / 4]  # no trim: the plain mean
+    with pytest.raises(ValueError, match="needs more than 2 states"):
+        trimmed_mean(states[:2], 0.5)
+
+
+def test_a_poisoning_client_moves_the_mean_but_not_the_robust_aggregate():
+    from fedpcd.engine.executor import LocalExecutor
+    from fedpcd.engine.federation import build_federation
+    from fedpcd.engine.robust import robust_aggregate
+
+    config = load_config(None, [*SMALL, "clients=5", "aggregation.robust=median"])
+    fed = build_federation(config)
+    algorithm = fed.new_algorithm()
+    server = algorithm.init_server(fed.model_for(0, fresh=True))
+    replies = [
+        r.update for r in LocalExecutor(fed, states={}).train(algorithm, dict(server), range(5), 1, False)
+    ]
+    honest = torch.stack([r["model"]["head.weight"] for r in replies[1:]])
+    replies[0]["model"] = {k: v * 1000 for k, v in replies[0]["model"].items()}  # finite, well-formed
+    mean = algorithm.aggregate(dict(server), replies)["model"]["head.weight"]
+    robust = robust_aggregate(config, dict(server), replies)["model"]["head.weight"]
+    assert (mean > honest.max(0).values).any() or (mean < honest.min(0).values).any()
+    assert (robust <= honest.max(0).values).all() and (robust >= honest.min(0).values).all()
+
+
+def test_robust_aggregation_runs_end_to_end_and_is_refused_where_it_does_not_apply(tmp_path, capsys):
+    from fedpcd.cli import main
+
+    out = tmp_path / "median"
+    assert main(["run", "--quiet", *SMALL, "aggregation.robust=trimmed_mean", f"output_dir={out}"]) == 0
+    assert len(run_records(out)) == 3
+    capsys.readouterr()
+    assert main(["run", *SMALL, "algorithm.name=fednh", "aggregation.robust=median"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "algorithm 'fednh' aggregates its own way; use it with one of: " in err[0]
+    args = [*SMALL, "aggregation.robust=median", "privacy.clip=1.0", "privacy.noise_multiplier=1.0"]
+    assert main(["run", *args, "privacy.delta=0.01", f"output_dir={tmp_path / 'dp'}"]) == 2
+    assert "does not combine with privacy.secagg or privacy.noise_multiplier > 0" in capsys.readouterr().err

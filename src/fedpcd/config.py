@@ -142,6 +142,14 @@ class EngineConfig(_Strict):
         return value
 
 
+class AggregationConfig(_Strict):
+    # the server's mean of the model updates: the algorithm's own (none), or a robust one for algorithms that
+    # aggregate as FedAvg does: the coordinate-wise median, or the trimmed mean dropping the `trim` fraction
+    # of largest and of smallest values per coordinate (Yin et al., ICML 2018); both unweighted
+    robust: Literal["none", "median", "trimmed_mean"] = "none"
+    trim: float = Field(0.1, ge=0.0, lt=0.5)
+
+
 class TrackingConfig(_Strict):
     """Experiment trackers mirroring every metrics.jsonl row and the resolved config (``fedpcd.trackers``,
     docs/trackers.md; the extra ``fedpcd[trackers]``). By default all they write stays in the run directory:
@@ -257,6 +265,7 @@ class Config(_Strict):
     personal_full_every: int = Field(5, ge=1)
     backend: Literal["local", "flower"] = "local"
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "runs/example"
@@ -457,14 +466,16 @@ LEGACY_DEFAULTS: dict[str, Any] = {"personal_full_every": 1}
 
 def run_setting(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict (config.yaml's) without what does not change a run's numbers: ``output_dir``,
-    ``tracking``, ``engine.workers``, and what runs made before a key existed did not have: ``privacy``
-    while it is off, ``personal_full_every`` at 1 (see :data:`LEGACY_DEFAULTS`)."""
+    ``tracking``, ``engine.workers``, and what runs made before a key existed did not have: ``privacy`` and
+    ``aggregation`` while they are off, ``personal_full_every`` at 1 (see :data:`LEGACY_DEFAULTS`)."""
     data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking")}
     if isinstance(data.get("engine"), dict):
         data["engine"] = {k: v for k, v in data["engine"].items() if k != "workers"}
     for key, value in LEGACY_DEFAULTS.items():
         if data.get(key) == value:
             del data[key]
+    if data.get("aggregation") == AggregationConfig().model_dump(mode="json"):  # off: as before it existed
+        del data["aggregation"]
     privacy = data.get("privacy")
     if isinstance(privacy, dict) and privacy.get("secagg", 0) is None:  # off: as before the key existed
         data["privacy"] = privacy = {k: v for k, v in privacy.items() if k != "secagg"}

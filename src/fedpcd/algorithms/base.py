@@ -135,6 +135,40 @@ def weighted_average(states: Sequence[Mapping[str, Tensor]], weights: Sequence[f
     return out
 
 
+def coordinate_median(states: Sequence[Mapping[str, Tensor]]) -> StateDict:
+    """The coordinate-wise median of the states (the mean of the two middle values for an even count; Yin et
+    al., "Byzantine-Robust Distributed Learning", ICML 2018, Def. 1); integer buffers are rounded back."""
+    return _per_coordinate(states, lambda s: _middle_mean(s, (len(s) - 1) // 2, len(s) // 2 + 1))
+
+
+def trimmed_mean(states: Sequence[Mapping[str, Tensor]], trim: float) -> StateDict:
+    """The coordinate-wise beta-trimmed mean (Yin et al., ICML 2018, Def. 2): per coordinate, the mean of the
+    values left after dropping the floor(trim * n) largest and as many smallest of the n states."""
+    k = math.floor(trim * len(states))
+    if len(states) - 2 * k < 1:
+        raise ValueError(f"a trimmed mean dropping {k} from each end needs more than {2 * k} states")
+    return _per_coordinate(states, lambda s: _middle_mean(s, k, len(s) - k))
+
+
+def _middle_mean(sorted_values: Tensor, start: int, stop: int) -> Tensor:
+    return sorted_values[start:stop].mean(dim=0)
+
+
+def _per_coordinate(states: Sequence[Mapping[str, Tensor]], reduce: Any) -> StateDict:
+    """``reduce`` applied to each key's values sorted along a leading state dimension (float64 for integer
+    buffers, rounded back)."""
+    if not states:
+        raise ValueError("a robust mean needs at least one state")
+    out: StateDict = {}
+    for key, first in states[0].items():
+        stacked = torch.stack([state[key] for state in states])
+        if first.is_floating_point():
+            out[key] = reduce(stacked.sort(dim=0).values)
+        else:
+            out[key] = torch.round(reduce(stacked.double().sort(dim=0).values)).to(first.dtype)
+    return out
+
+
 def tensor_bytes(obj: Any) -> int:
     """Bytes of all tensors in a nested dict/list (what a message would carry)."""
     if isinstance(obj, Tensor):

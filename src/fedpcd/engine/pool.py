@@ -15,11 +15,12 @@ client; a client without state starts from the architecture's seeded initial wei
 bitwise those of ``workers: 1`` whichever process runs a client; they are returned in task order, and the
 round loop aggregates in client-id order.
 
-Scheduling: sequential clients are handed out one at a time, the workers taking them from the front of the
-round's list and this process from the back, so uneven clients balance out. With ``engine.executor:
-vectorized`` each process trains one contiguous share of the clients (shares balanced by sample count) at
-once; the vectorized executor's rounding then depends on the share, as it depends on its chunks (its
-results equal the sequential ones up to float rounding, not bitwise).
+Scheduling: sequential clients are handed out one at a time, largest first, to whichever process is free
+(the workers through a queue one task deep, this process between its own tasks), so uneven clients balance
+out and the round ends on small ones. With ``engine.executor: vectorized`` each process trains one
+contiguous share of the clients (shares balanced by sample count) at once; the vectorized executor's
+rounding then depends on the share, as it depends on its chunks (its results equal the sequential ones up to
+float rounding, not bitwise).
 
 A worker that dies (killed, out of memory) breaks the pool: it is restarted and the clients it left
 unanswered run again once; if the pool breaks again they are failed clients, left out of the round as
@@ -160,35 +161,18 @@ class WorkerPool:
         replies: dict[int, ClientReply],
         local: bool = True,
     ) -> list[int]:
-        """Run ``groups`` of task positions: workers from the front, this process (``local``) from the back;
+        """Run ``groups`` of task positions, the largest first, in the workers and (``local``) this process;
         replies into ``replies``. Returns the positions whose worker died."""
-        pending: deque[list[int]] = deque(groups)
+        size = {i: self.fed.clients[t.client].num_samples for i, t in enumerate(tasks)}
+        # the largest first, to whichever process is free (longest processing time first: the round ends on
+        # small clients, so the processes finish together)
+        pending: deque[list[int]] = deque(sorted(groups, key=lambda g: -sum(size[i] for i in g)))
         running: dict[Future[bytes], list[int]] = {}
         lost: list[int] = []
         broken = False
         pool = self._executor()
         while pending or running:
-            while pending and not broken and len(running) < self.workers:  # each worker busy, one queued
-                group = pending.popleft()
-                try:
-                    running[pool.submit(_work, alg, pickle.dumps([tasks[i] for i in group]))] = group
-                except BrokenProcessPool:
-                    broken = True
-                    pending.appendleft(group)
-            if pending and local:
-                group = pending.pop()
-                for i, reply in zip(
-                    group, run_clients(algorithm, self.fed, [tasks[i] for i in group]), strict=True
-                ):
-                    replies[i] = reply
-                continue
-            if broken:  # what no process can take now is lost
-                lost += [i for group in pending for i in group]
-                pending.clear()
-            if not running:
-                continue
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
+            for future in [f for f in running if f.done()]:  # collect, so that workers get the next ones
                 group = running.pop(future)
                 try:
                     answers = pickle.loads(future.result())
@@ -205,6 +189,26 @@ class WorkerPool:
                     answers = run_clients(algorithm, self.fed, [tasks[i] for i in group])
                 for i, reply in zip(group, answers, strict=True):
                     replies[i] = reply
+            busy = self.unavailable is not None
+            while pending and not broken and not busy and len(running) < self.workers:  # one queued each
+                group = pending.popleft()
+                try:
+                    running[pool.submit(_work, alg, pickle.dumps([tasks[i] for i in group]))] = group
+                except BrokenProcessPool:
+                    broken = True
+                    pending.appendleft(group)
+            if pending and (local or busy):
+                group = pending.popleft()
+                for i, reply in zip(
+                    group, run_clients(algorithm, self.fed, [tasks[i] for i in group]), strict=True
+                ):
+                    replies[i] = reply
+                continue
+            if broken:  # what no process can take now is lost
+                lost += [i for group in pending for i in group]
+                pending.clear()
+            if running:
+                wait(running, return_when=FIRST_COMPLETED)
         return sorted(lost)
 
     def close(self) -> None:

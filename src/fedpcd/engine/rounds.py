@@ -45,6 +45,7 @@ from fedpcd.engine.guard import InvalidReply, check_server, reply_problem, scree
 from fedpcd.engine.metrics import accuracy, predict
 from fedpcd.engine.privacy import add_noise, check_privacy, clip_update, dp_epsilon, reported_samples
 from fedpcd.engine.records import round_record, summary_of
+from fedpcd.engine.robust import check_robust, robust_aggregate
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.run_format import CODE, code_version, headline
@@ -86,7 +87,10 @@ def aggregate_round(
 ) -> dict[str, Any]:
     """``algorithm.aggregate`` with the round named in any failure, then the server-state divergence check."""
     try:
-        server = algorithm.aggregate(server, replies)
+        if config.aggregation.robust == "none":
+            server = algorithm.aggregate(server, replies)
+        else:
+            server = robust_aggregate(config, server, replies)
     except UserError:
         raise
     except Exception as exc:
@@ -133,6 +137,7 @@ def open_run(
         run_dir.check_new(config)
     check_trackers(config)
     check_privacy(config)
+    check_robust(config)
     with run_dir.lock():  # re-entrant: a Flower simulation's ServerApp thread takes it again
         if checkpoint is None:
             checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
