@@ -159,7 +159,20 @@ def test_personal_test_split_evaluates_the_local_split_only(tmp_path):
         rows[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["client_pa_split"] for r in rows["split"]] == [r["client_pa_split"] for r in rows["full"]]
     assert all(r["pa_l"] is None and r["pa_v"] is None and r["pa_global"] is None for r in rows["split"])
-    assert all(0.0 <= r["pa_l"] <= 1.0 for r in rows["full"])
+    assert all(0.0 <= r["pa_l"] <= 1.0 for r in rows["full"][-1:])  # the last round uses the full test set
+
+
+def test_full_personal_metrics_every_personal_full_every_evaluated_rounds_pa_split_in_all(tmp_path):
+    out = tmp_path / "run"
+    args = [*SMALL, "rounds=7", "clients=3", "eval_every=2", "personal_full_every=2", f"output_dir={out}"]
+    run_experiment(load_config(None, args), progress=False)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [2, 4, 6, 7]
+    full = [r["round"] for r in rows if r["pa_global"] is not None]
+    assert full == [4, 7]  # every 2nd evaluated round (rounds 4, 8, ...) and the last
+    assert all(r["pa_l"] is not None and r["pa_v"] is not None for r in rows if r["round"] in full)
+    assert all(r["pa_l"] is None and r["pa_v"] is None for r in rows if r["round"] not in full)
+    assert all(r["personal_acc"] is not None for r in rows)
 
 
 @requires_fmnist

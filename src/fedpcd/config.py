@@ -256,12 +256,11 @@ class Config(_Strict):
     local: LocalTraining = Field(default_factory=LocalTraining)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     eval_every: int = Field(1, ge=1)
-    # personal models on the test set (PA-split, PA-L, PA-V from the test samples of each client's classes,
-    # and PA-G from all of them) or on each client's local split only (PA-split alone, the FedGELA / FedSSA
-    # protocol; far cheaper for many clients or large models)
+    # personal models on the full test set (PA-split, PA-L, PA-V, PA-G) or on each client's local split only
+    # (PA-split alone, the FedGELA / FedSSA protocol; far cheaper for many clients or large models)
     personal_test: Literal["full", "split"] = "full"
-    # PA-G (every personal model on the whole test set, as costly as training) every this many evaluated
-    # rounds and in the last round; the other personal metrics every evaluated round
+    # with personal_test full: the full test set (PA-L, PA-V, PA-G; a pass as costly as local training) every
+    # this many evaluated rounds and in the last, each client's split (PA-split) in the others
     personal_full_every: int = Field(5, ge=1)
     backend: Literal["local", "flower"] = "local"
     engine: EngineConfig = Field(default_factory=EngineConfig)

@@ -73,7 +73,7 @@ def run_client(algorithm: FedAvg, fed: Federation, task: ClientTask) -> ClientRe
         metrics = None
         if task.evaluate:
             predictor = algorithm.personal_predictor(model, work)
-            metrics = personal_evaluation(predictor, data, config.personal_test == "full", task.full_test)
+            metrics = personal_evaluation(predictor, data, task.full_test)
     except UserError:
         raise
     except Exception as exc:  # one client's failure is the round's business (engine/guard.py)

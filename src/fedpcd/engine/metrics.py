@@ -101,41 +101,17 @@ def personal_metrics(pred_test: Tensor, test_y: Tensor, local_test_idx: Tensor, 
     }
 
 
-def personal_evaluation(predictor: Predictor, data: ClientData, full: bool, full_test: bool) -> dict:
-    """A client's personal metrics (by ``run_format.PERSONAL`` key) after its update.
-
-    ``full`` False (``personal_test: split``): its local test split only (PA-split). ``full`` True: PA-split,
-    PA-L, PA-V and, with ``full_test``, PA-G. PA-L and PA-V weigh only the test samples of the classes the
-    client holds, so without ``full_test`` the model predicts just those (and its split) and every other
-    sample counts as wrong at weight 0: the same values, bit for bit, as from the whole test set, for a
-    fraction of its cost (PA-G, which needs every sample, is then None)."""
-    if not full:
-        split = data.local_test_idx
-        pred = predict(predictor, data.test_x[split]) if len(split) else split
-        return split_metrics(pred, data.test_y[split])
-    if full_test:
+def personal_evaluation(predictor: Predictor, data: ClientData, full: bool) -> dict:
+    """A client's personal metrics (by ``run_format.PERSONAL`` key) after its update: with ``full``, PA-split,
+    PA-L, PA-V and PA-G from one pass over the full test set; else PA-split from its local test split alone
+    (the others None)."""
+    if full:
         return personal_metrics(
             predict(predictor, data.test_x), data.test_y, data.local_test_idx, data.label_counts
         )
-    idx = held_samples(data)
-    return held_metrics(predict(predictor, data.test_x[idx]) if len(idx) else idx, idx, data)
-
-
-def held_samples(data: ClientData) -> Tensor:
-    """The test samples of the classes the client holds, and its local test split (sorted indices)."""
-    needed = data.label_counts[data.test_y] > 0
-    needed[data.local_test_idx] = True
-    return needed.nonzero().squeeze(1)
-
-
-def held_metrics(pred_held: Tensor, held: Tensor, data: ClientData) -> dict:
-    """:func:`personal_metrics` from predictions on the :func:`held_samples` only (PA-G None): every other
-    test sample counts as a wrong prediction, at weight 0 in PA-L and PA-V."""
-    pred = torch.full_like(data.test_y, -1)  # never a label
-    pred[held] = pred_held
-    metrics = personal_metrics(pred, data.test_y, data.local_test_idx, data.label_counts)
-    metrics[PA_G.key] = None
-    return metrics
+    split = data.local_test_idx
+    pred = predict(predictor, data.test_x[split]) if len(split) else split
+    return split_metrics(pred, data.test_y[split])
 
 
 def summarize(values: Sequence[float | None], weights: Sequence[float]) -> dict[str, float | None]:

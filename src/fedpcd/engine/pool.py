@@ -190,7 +190,9 @@ class WorkerPool:
                 for i, reply in zip(group, answers, strict=True):
                     replies[i] = reply
             busy = self.unavailable is not None
-            while pending and not broken and not busy and len(running) < self.workers:  # one queued each
+            # each worker busy and, while more tasks wait than processes take, one queued (the vectorized
+            # executor's shares, one per process, are never queued behind each other)
+            while pending and not broken and not busy and len(running) < self.workers - (len(pending) <= 1):
                 group = pending.popleft()
                 try:
                     running[pool.submit(_work, alg, pickle.dumps([tasks[i] for i in group]))] = group

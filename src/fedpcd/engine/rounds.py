@@ -59,8 +59,11 @@ def is_eval_round(rnd: int, config: Config) -> bool:
 
 
 def is_full_eval_round(rnd: int, config: Config) -> bool:
-    """An evaluated round whose personal evaluation includes PA-G (every ``personal_full_every`` evaluated
-    rounds, and the last)."""
+    """An evaluated round whose personal models are evaluated on the full test set (PA-L, PA-V, PA-G): with
+    ``personal_test: full``, every ``personal_full_every`` evaluated rounds and the last; never with
+    ``split``."""
+    if config.personal_test != "full":
+        return False
     return rnd % (config.eval_every * config.personal_full_every) == 0 or rnd == config.rounds
 
 

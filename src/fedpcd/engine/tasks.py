@@ -19,7 +19,7 @@ class ClientTask:
     payload: dict[str, Any]  # ``algorithm.payload_for(server, client)``
     state: Any  # the client's stored state (None: none yet; the model then starts from its initial weights)
     evaluate: bool  # personal metrics after the update (an evaluated round)
-    full_test: bool = True  # the personal model on the full test set too (PA-G), else its classes only
+    full_test: bool = True  # the personal model on the full test set (PA-L, PA-V, PA-G), else its split only
 
 
 @dataclass

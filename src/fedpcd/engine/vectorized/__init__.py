@@ -88,7 +88,7 @@ from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.engine.federation import Federation
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.engine.vectorized.clients import Fallback, Pending, begin, write_back
-from fedpcd.engine.vectorized.evaluation import evaluate_batched, evaluate_or_defer, evaluation_mode
+from fedpcd.engine.vectorized.evaluation import evaluate_batched, evaluate_or_defer
 from fedpcd.engine.vectorized.stacking import model_tensors, skeleton, tensor_leaves, twin_of
 from fedpcd.engine.vectorized.steps import train_steps
 from fedpcd.errors import UserError
@@ -238,7 +238,6 @@ def _train_chunk(algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]
             metrics = evaluate_or_defer(algorithm, fed, model, c, work, len(results), pending, task.full_test)
         results.append(ClientReply(c.k, reply, metrics, tensor_bytes(c.payload), 0, state=state))
     if pending:
-        mode = evaluation_mode(fed.config.personal_test == "full", task.full_test)
-        for pos, metrics in evaluate_batched(algorithm, bound, pending, mode):
+        for pos, metrics in evaluate_batched(algorithm, bound, pending, task.full_test):
             results[pos].metrics = metrics
     return results

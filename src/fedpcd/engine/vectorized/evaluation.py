@@ -5,7 +5,7 @@ executor does."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -15,8 +15,6 @@ from fedpcd.algorithms import FedAvg, LocalWork
 from fedpcd.algorithms.fedavg import Readout
 from fedpcd.engine.federation import Federation
 from fedpcd.engine.metrics import (
-    held_metrics,
-    held_samples,
     personal_evaluation,
     personal_metrics,
     predict_stacked,
@@ -33,15 +31,6 @@ from fedpcd.engine.vectorized.stacking import (
 )
 
 EVAL_BATCH = 1024  # test samples per vmapped evaluation chunk (fewer when many clients are stacked)
-
-
-Mode = Literal["full", "held", "split"]
-
-
-def evaluation_mode(full: bool, full_test: bool) -> Mode:
-    """Which test samples the personal models predict (``engine.metrics.personal_evaluation``): all of them,
-    those of the client's classes and its split ("held"), or its split alone."""
-    return ("full" if full_test else "held") if full else "split"
 
 
 def evaluate_or_defer(
@@ -62,15 +51,14 @@ def evaluate_or_defer(
         tensors = {n: t.detach().clone() for n, t in model_tensors(model).items()}
         pending.append((pos, client, tensors, readout))
         return None
-    return personal_evaluation(predictor, client.data, fed.config.personal_test == "full", full_test)
+    return personal_evaluation(predictor, client.data, full_test)
 
 
 def evaluate_batched(
-    algorithm: FedAvg, bound: Bound, pending: list[Pending], mode: Mode
+    algorithm: FedAvg, bound: Bound, pending: list[Pending], full_test: bool
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Personal metrics of the deferred clients: their models stacked and vmapped over chunks of the full
-    test set, or of each client's own samples (``mode`` "held": its classes' and its split, "split": its
-    split), padded to the longest."""
+    test set, or (``full_test`` False) of their local test splits, padded to the longest."""
     groups: dict[Any, list[Pending]] = {}
     for item in pending:
         readout = item[3]
@@ -80,13 +68,13 @@ def evaluate_batched(
     for items in groups.values():
         weights, readouts = [it[2] for it in items], [it[3] for it in items]
         data = items[0][1].data
-        if mode == "full":
+        if full_test:
             preds = predict_group(bound, weights, readouts, data.test_x, shared_x=True)
             for (pos, client, _, _), pred in zip(items, preds, strict=True):
                 d = client.data
                 yield pos, personal_metrics(pred, d.test_y, d.local_test_idx, d.label_counts)
             continue
-        splits = [it[1].data.local_test_idx if mode == "split" else held_samples(it[1].data) for it in items]
+        splits = [it[1].data.local_test_idx for it in items]
         longest = max(len(split) for split in splits)
         if longest == 0:
             preds = [split for split in splits]
@@ -96,11 +84,7 @@ def evaluate_batched(
                 padded[i, : len(split)] = split
             preds = predict_group(bound, weights, readouts, data.test_x[padded], shared_x=False)
         for (pos, client, _, _), pred, split in zip(items, preds, splits, strict=True):
-            d = client.data
-            if mode == "split":
-                yield pos, split_metrics(pred[: len(split)], d.test_y[split])
-            else:
-                yield pos, held_metrics(pred[: len(split)], split, d)
+            yield pos, split_metrics(pred[: len(split)], client.data.test_y[split])
 
 
 def predict_group(
