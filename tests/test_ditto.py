@@ -17,7 +17,14 @@ from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 
-SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
+# personal_full_every=1: every personal metric in every round (the end-to-end checks read them all)
+SMALL = [
+    "dataset.name=synthetic",
+    "model.name=mlp",
+    "model.hidden=32",
+    "local.batch_size=32",
+    "personal_full_every=1",
+]
 LOCAL = LocalTraining(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-3)
 
 

@@ -23,7 +23,14 @@ from fedpcd.engine import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys, build_model, head_keys
 
-SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
+# personal_full_every=1: every personal metric in every round (the end-to-end checks read them all)
+SMALL = [
+    "dataset.name=synthetic",
+    "model.name=mlp",
+    "model.hidden=32",
+    "local.batch_size=32",
+    "personal_full_every=1",
+]
 
 
 def _fednh(num_classes: int = 3, seed: int = 0, epochs: int = 2, **params):

@@ -23,7 +23,14 @@ from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.models import backbone_keys, head_keys
 
-SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
+# personal_full_every=1: every personal metric in every round (the end-to-end checks read them all)
+SMALL = [
+    "dataset.name=synthetic",
+    "model.name=mlp",
+    "model.hidden=32",
+    "local.batch_size=32",
+    "personal_full_every=1",
+]
 NAMES = ["local", "fedper", "fedrep", "fedbabu", "fedrod", "lgfedavg"]
 
 
