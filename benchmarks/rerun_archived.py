@@ -48,7 +48,7 @@ def records(path: Path) -> list[dict]:
 def reference_records(src: Path, config: Path, out: Path, overrides: list[str]) -> list[dict]:
     """The metrics of ``config`` run by the code under ``src`` in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, "-c", REFERENCE_RUN, str(config), f"output_dir={out}", *overrides]
+    cmd = [sys.executable, "-c", REFERENCE_RUN, str(config.resolve()), f"output_dir={out}", *overrides]
     subprocess.run(cmd, check=True, env=env, cwd=out.parent)
     return records(out / "metrics.jsonl")
 

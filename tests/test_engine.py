@@ -216,3 +216,15 @@ def test_the_engine_reads_no_reply_field_by_a_string_literal():
             if isinstance(key, ast.Constant) and key.value in fields:
                 found.append(f"{path.relative_to(src)}:{node.lineno} {key.value!r}")
     assert not found, found
+
+
+def test_a_resume_says_the_round_it_continues_from(tmp_path, capsys):
+    from fedpcd.engine.simulation import resume_run
+
+    out = tmp_path / "run"
+    run_experiment(load_config(None, [*SMALL, "clients=2", "rounds=2", f"output_dir={out}"]), progress=False)
+    text = (out / "config.yaml").read_text().replace("rounds: 2", "rounds: 3")
+    (out / "config.yaml").write_text(text)
+    capsys.readouterr()
+    resume_run(out, progress=True, allow_changes=["rounds"])
+    assert f"fedpcd: resuming {out} from round 2 of 3" in capsys.readouterr().err
