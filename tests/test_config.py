@@ -97,3 +97,11 @@ def test_switching_scheme_or_algorithm_drops_the_files_old_parameters(tmp_path):
     assert cfg.algorithm.name == "fedavg"
     same = load_config(path, ["partition.classes_per_client=4"])  # no switch: file keys kept and merged
     assert same.partition.scheme == "pathological" and same.partition.params()["classes_per_client"] == 4
+
+
+def test_secagg_with_fewer_than_two_clients_per_round_is_refused_when_the_config_loads():
+    for args in (["clients=1"], ["clients=4", "participation=0.2"]):
+        with pytest.raises(UserError, match=r"privacy.secagg needs at least 2 clients per round, 1 sampled"):
+            load_config(None, ["backend=flower", "privacy.secagg=true", *args])
+    two = load_config(None, ["backend=flower", "privacy.secagg=true", "clients=2"])
+    assert two.privacy.secagg is not None

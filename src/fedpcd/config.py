@@ -400,18 +400,19 @@ def _check_secagg(config: Config, algo_cls: type) -> None:
             "privacy.secagg runs on the Flower backend (set backend=flower): in the local backend the server "
             "holds every client's update anyway"
         )
-    from fedpcd.algorithms import ALGORITHMS, FedAvg
+    from fedpcd.algorithms import FedAvg, fedavg_aggregating
 
     if algo_cls.aggregate is not FedAvg.aggregate:
-        able = [
-            n
-            for n in ALGORITHMS.names()
-            if not n.startswith("_") and ALGORITHMS.get(n).aggregate is FedAvg.aggregate
-        ]
         raise UserError(
             "privacy.secagg needs an algorithm whose server takes only the sample-weighted mean of the "
             f"client models; {config.algorithm.name!r} aggregates with its own rule. Choose one of: "
-            f"{', '.join(able)}"
+            f"{', '.join(fedavg_aggregating())}"
+        )
+    per_round = max(1, round(config.participation * config.clients))
+    if per_round < 2:
+        raise UserError(
+            f"privacy.secagg needs at least 2 clients per round, {per_round} sampled (clients="
+            f"{config.clients}, participation={config.participation:g}); raise participation or clients"
         )
 
 

@@ -15,6 +15,7 @@ from fedpcd.algorithms.fedavg import FedAvg, LocalWork
 from fedpcd.params import validate_params
 
 __all__ = [
+    "fedavg_aggregating",
     "ALGORITHMS",
     "ClientData",
     "Context",
@@ -27,6 +28,16 @@ __all__ = [
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
+
+
+def fedavg_aggregating() -> list[str]:
+    """The registered algorithms whose server aggregates as FedAvg does (only the mean of the clients'
+    models), which SecAgg+ and ``aggregation.robust`` apply to; names starting with ``_`` are left out."""
+    return [
+        n
+        for n in ALGORITHMS.names()
+        if not n.startswith("_") and ALGORITHMS.get(n).aggregate is FedAvg.aggregate
+    ]
 
 
 def build_algorithm(name: str, params: dict[str, Any] | None = None) -> FedAvg:

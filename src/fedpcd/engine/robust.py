@@ -12,17 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedpcd.algorithms import ALGORITHMS, FedAvg
+from fedpcd.algorithms import fedavg_aggregating
 from fedpcd.algorithms.base import MODEL, coordinate_median, trimmed_mean
 from fedpcd.config import Config
 from fedpcd.errors import UserError
-
-
-def fedavg_aggregating() -> list[str]:
-    """The registered algorithms whose ``aggregate`` is FedAvg's."""
-    return [
-        n for n in ALGORITHMS.names() if getattr(ALGORITHMS.get(n), "aggregate", None) is FedAvg.aggregate
-    ]
 
 
 def check_robust(config: Config) -> None:
