@@ -27,6 +27,15 @@ requires_fmnist = pytest.mark.skipif(
 )
 
 
+# a small synthetic run whose every evaluated round has every personal metric (PA-L, PA-V, PA-G too)
+SMALL_EVERY_METRIC = [
+    "dataset.name=synthetic",
+    "model.name=mlp",
+    "model.hidden=32",
+    "local.batch_size=32",
+    "personal_full_every=1",
+]
+
 # the model-heterogeneous setting of the end-to-end tests: a client per architecture CNN-1..5
 HETERO_MODELS = [
     "dataset.name=synthetic16",

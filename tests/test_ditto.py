@@ -10,21 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import local_work, seeded, tiny_client, tiny_mlp
+from conftest import SMALL_EVERY_METRIC, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import ditto as ditto_module
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 
-# personal_full_every=1: every personal metric in every round (the end-to-end checks read them all)
-SMALL = [
-    "dataset.name=synthetic",
-    "model.name=mlp",
-    "model.hidden=32",
-    "local.batch_size=32",
-    "personal_full_every=1",
-]
+SMALL = SMALL_EVERY_METRIC
 LOCAL = LocalTraining(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-3)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import local_work, tiny_client
+from conftest import SMALL_EVERY_METRIC, local_work, tiny_client
 from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
 from fedpcd.algorithms.fednh import (
     class_feature_means,
@@ -23,14 +23,7 @@ from fedpcd.engine import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys, build_model, head_keys
 
-# personal_full_every=1: every personal metric in every round (the end-to-end checks read them all)
-SMALL = [
-    "dataset.name=synthetic",
-    "model.name=mlp",
-    "model.hidden=32",
-    "local.batch_size=32",
-    "personal_full_every=1",
-]
+SMALL = SMALL_EVERY_METRIC
 
 
 def _fednh(num_classes: int = 3, seed: int = 0, epochs: int = 2, **params):

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import local_work, seeded, tiny_client, tiny_mlp
+from conftest import SMALL_EVERY_METRIC, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import fedrep as fedrep_module
 from fedpcd.algorithms.base import balanced_softmax_loss, log_prior, tensor_bytes
@@ -23,14 +23,7 @@ from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.models import backbone_keys, head_keys
 
-# personal_full_every=1: every personal metric in every round (the end-to-end checks read them all)
-SMALL = [
-    "dataset.name=synthetic",
-    "model.name=mlp",
-    "model.hidden=32",
-    "local.batch_size=32",
-    "personal_full_every=1",
-]
+SMALL = SMALL_EVERY_METRIC
 NAMES = ["local", "fedper", "fedrep", "fedbabu", "fedrod", "lgfedavg"]
 
 

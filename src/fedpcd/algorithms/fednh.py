@@ -184,6 +184,23 @@ def class_feature_means(
 # ----- the algorithm ---------------------------------------------------------------------------------------
 
 
+# the protocol both presets share (the paper's Sec. 4 setting, which the released code runs too)
+_PROTOCOL = {
+    "algorithm.rho": 0.9,
+    "algorithm.learn_scale": True,
+    "algorithm.scale_init": 1.0,
+    "algorithm.body_weighting": "uniform",
+    "local.lr": 0.01,
+    "local.lr_decay": 0.99,
+    "local.momentum": 0.9,
+    "local.weight_decay": 1.0e-5,
+    "local.epochs": 5,
+    "local.batch_size": 64,
+    "clients": 100,
+    "participation": 0.1,
+}
+
+
 @ALGORITHMS.register("fednh")
 @dataclass
 class FedNH(FedAvg):
@@ -219,18 +236,7 @@ class FedNH(FedAvg):
                 "algorithm.init": "simplex",
                 "algorithm.proto_weighting": "uniform_paper",
                 "algorithm.means_augmented": False,
-                "algorithm.rho": 0.9,
-                "algorithm.learn_scale": True,
-                "algorithm.scale_init": 1.0,
-                "algorithm.body_weighting": "uniform",
-                "local.lr": 0.01,
-                "local.lr_decay": 0.99,
-                "local.momentum": 0.9,
-                "local.weight_decay": 1.0e-5,
-                "local.epochs": 5,
-                "local.batch_size": 64,
-                "clients": 100,
-                "participation": 0.1,
+                **_PROTOCOL,
                 "local.grad_clip": None,
             },
         ),
@@ -241,18 +247,7 @@ class FedNH(FedAvg):
                 "algorithm.init": "orthogonal",
                 "algorithm.proto_weighting": "count_code",
                 "algorithm.means_augmented": True,
-                "algorithm.rho": 0.9,
-                "algorithm.learn_scale": True,
-                "algorithm.scale_init": 1.0,
-                "algorithm.body_weighting": "uniform",
-                "local.lr": 0.01,
-                "local.lr_decay": 0.99,
-                "local.momentum": 0.9,
-                "local.weight_decay": 1.0e-5,
-                "local.epochs": 5,
-                "local.batch_size": 64,
-                "clients": 100,
-                "participation": 0.1,
+                **_PROTOCOL,
                 "local.grad_clip": 10.0,
             },
         ),

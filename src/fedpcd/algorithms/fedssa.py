@@ -86,6 +86,18 @@ def seen_classes(data: ClientData) -> Tensor:
     return torch.nonzero(data.label_counts).flatten()
 
 
+# what the released scripts' settings share (the homogeneous and the heterogeneous one)
+_OFFICIAL = {
+    "algorithm.aggregation": "cached_all",
+    "algorithm.fusion": "literal",
+    "algorithm.case": "C",
+    "local.lr": 0.005,
+    "local.momentum": 0.9,
+    "local.weight_decay": 5.0e-5,
+    "local.grad_clip": 50.0,
+}
+
+
 @ALGORITHMS.register("fedssa")
 @dataclass
 class FedSSA(FedAvg):
@@ -125,13 +137,7 @@ class FedSSA(FedAvg):
             {
                 "algorithm.mu0": 0.5,
                 "algorithm.t_stable": 45,
-                "algorithm.aggregation": "cached_all",
-                "algorithm.fusion": "literal",
-                "algorithm.case": "C",
-                "local.lr": 0.005,
-                "local.momentum": 0.9,
-                "local.weight_decay": 5.0e-5,
-                "local.grad_clip": 50.0,
+                **_OFFICIAL,
                 "local.epochs": 10,
                 "local.batch_size": 512,
                 "clients": 50,
@@ -145,13 +151,7 @@ class FedSSA(FedAvg):
             {
                 "algorithm.mu0": 0.5,
                 "algorithm.t_stable": 2,
-                "algorithm.aggregation": "cached_all",
-                "algorithm.fusion": "literal",
-                "algorithm.case": "C",
-                "local.lr": 0.005,
-                "local.momentum": 0.9,
-                "local.weight_decay": 5.0e-5,
-                "local.grad_clip": 50.0,
+                **_OFFICIAL,
                 "local.epochs": 25,
                 "local.batch_size": 512,
                 "clients": 10,
