@@ -43,7 +43,7 @@ def shifted(grads: Mapping[str, Tensor], terms: Mapping[str, Tensor]) -> dict[st
 class LocalWork:
     """One client's local update: everything it works on, from ``begin_local`` to ``personal_predictor``.
 
-    The engine creates one for every client update (``fedpcd.engine.federation.client_step``) and passes it
+    The engine creates one for every client update (``fedpcd.engine.client_update.local_step``) and passes it
     to every client hook, so the algorithm object holds no per-client or per-round value:
 
     - ``round``: the current round t (1..R);

@@ -141,7 +141,7 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def client_round(msg: Message, context: Context) -> Message:
-    """One client round: decode the payload, run ``client_step``, keep the state, reply."""
+    """One client round: decode the payload, run ``client_update.run_client``, keep the state, reply."""
     t0 = time.perf_counter()
     task = msg.content[TASK]
     k, n = node_partition(context.node_config)

@@ -54,7 +54,7 @@ predictions use the model's ``inference_forward`` (both in ``fedpcd.models.fast_
 architectures go through plain vmap (BatchNorm included: running statistics are stacked per-client buffers
 updated in place).
 
-``engine.executor: auto`` runs the sequential executor (see ``fedpcd.engine.executor.train_clients``); this
+``engine.executor: auto`` runs the sequential executor (see ``fedpcd.engine.client_update.run_clients``); this
 one runs with ``executor: vectorized``, for any architecture, in chunks of clients whose stacked state fits
 ``MEMORY_BUDGET``. On a CPU it is fastest for the ConvNet family: 1.04-1.13x a plain PyTorch loop for
 simplecnn on fmnist on a quiet 2-core machine (1.3-1.7x when the machine is loaded, which slows the plain
