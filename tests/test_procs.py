@@ -68,7 +68,11 @@ def test_stop_terminates_then_kills(spawn):
     polite = spawn("sleep 30 & wait")
     stubborn = spawn("trap '' TERM; exec sleep 30")  # sleep inherits the ignored SIGTERM
     tree = _until(lambda: procs.descendants(polite.pid)) | {procs.identity(polite.pid)}
-    stubborn_id = _until(lambda: procs.identity(stubborn.pid))
+    # once it runs sleep: before its exec the shell may not have set the trap yet (a busy machine showed it)
+    stubborn_id = _until(
+        lambda: procs.identity(stubborn.pid),
+        lambda p: p is not None and Path(f"/proc/{p.pid}/comm").read_text().strip() == "sleep",
+    )
     t0 = time.monotonic()
     assert procs.stop(tree, timeout=20.0) == []
     assert time.monotonic() - t0 < 10.0  # SIGTERM was enough: no waiting for the timeout
