@@ -52,7 +52,7 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 	  else echo "note: install Debian's dataset-fashion-mnist (sudo apt-get install dataset-fashion-mnist) or set FEDPCD_DATA"; fi; \
 	fi
 	@$(MAKE) --no-print-directory torch
-	$(PIP_INSTALL) -e ".[test,flower,docs,trackers,privacy]"
+	$(PIP_INSTALL) -e ".[test,flower,docs,trackers,privacy,hf,cluster]"
 	@touch $(STAMP)
 
 demo: install
