@@ -1,4 +1,5 @@
-"""The Python API (fedpcd.api): run, RunResult, load_runs, load_index, partition and the lazy top level."""
+"""The Python API (fedpcd.api): run (resume, on_round), RunResult, sweep, report, load_runs, load_index,
+partition, describe and the lazy top level."""
 
 from __future__ import annotations
 
@@ -6,23 +7,40 @@ import json
 import sqlite3
 import subprocess
 import sys
+from typing import Annotated
 
 import numpy as np
 import pytest
 import yaml
+from pydantic import Field
 
 import fedpcd
 from conftest import requires_fmnist, run_records, run_summary
+from fedpcd.api import _block, report, sweep
 from fedpcd.cli import main
+from fedpcd.config import _flatten
 from fedpcd.data.datasets import load_dataset
 from fedpcd.data.partition import PARTITIONERS, make_partition
 from fedpcd.data.stats import count_matrix
+from fedpcd.engine.rundir import RunDir
 from fedpcd.run_format import RunFiles
 from fedpcd.sweep import INDEX_COLUMNS, run_sweep
 
 TINY = {"dataset.train_fraction": 0.05, "clients": 3, "rounds": 2}  # the tiny Fashion-MNIST run
 # a config whose algorithm section the override switches: as on the command line, mu must be dropped
 BASE = {"algorithm": {"name": "fedprox", "mu": 0.1}, "dataset": {"name": "fmnist"}}
+# a tiny synthetic run: 2 clients, 2 rounds, seconds
+SYNTHETIC = {
+    "dataset": {"name": "synthetic"},
+    "model": {"name": "mlp", "hidden": 8},
+    "clients": 2,
+    "rounds": 2,
+}
+# a grid of 4 runs that differ in method and setting (the report's papers' layout)
+GRID = {
+    "partition": [{"scheme": "iid"}, {"scheme": "pathological", "classes_per_client": 1}],
+    "algorithm": [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}],
+}
 
 
 def _lines(path) -> list[dict]:
@@ -230,3 +248,248 @@ def test_partition_parameters_seed_and_errors(tmp_path):
         fedpcd.partition(LABELS, "zigzag")
     with pytest.raises(fedpcd.UserError, match="labels must lie in"):
         fedpcd.partition(LABELS, "iid", num_classes=5)
+
+
+# ----- run: on_round and resume -------------------------------------------------------------------------
+
+
+def test_on_round_gets_each_record_as_written_and_an_exception_stops_the_run_resumably(tmp_path):
+    seen = []
+    whole = fedpcd.run(SYNTHETIC, output_dir=str(tmp_path / "whole"), on_round=seen.append)
+    assert seen == _lines(whole.run_dir / "metrics.jsonl") and [r["round"] for r in seen] == [1, 2]
+
+    def stop_in_round_2(record: dict) -> None:
+        if record["round"] == 2:
+            raise RuntimeError("enough")
+
+    stopped = tmp_path / "stopped"
+    with pytest.raises(RuntimeError, match="enough"):
+        fedpcd.run(SYNTHETIC, output_dir=str(stopped), on_round=stop_in_round_2)
+    assert RunDir(stopped).load_checkpoint()["round"] == 1  # round 2's checkpoint was never written
+    assert not (stopped / "summary.json").exists()
+    later = []
+    resumed = fedpcd.run(SYNTHETIC, output_dir=str(stopped), resume=True, on_round=later.append)
+    assert [r["round"] for r in later] == [2]
+    assert run_records(stopped) == run_records(whole.run_dir)  # as if it had never stopped
+    assert run_summary(stopped) == run_summary(whole.run_dir)
+    assert resumed.run_dir == stopped and resumed.summary == json.loads(
+        (stopped / "summary.json").read_text()
+    )
+    assert resumed.metrics["round"].tolist() == [
+        1,
+        2,
+    ] and resumed.config.to_dict() == whole.config.to_dict() | {"output_dir": str(stopped)}
+
+
+def test_resume_takes_a_run_directory_as_the_cli_does_and_returns_a_finished_run_as_it_is(tmp_path):
+    for name in ("api", "cli"):
+        with pytest.raises(RuntimeError):
+            fedpcd.run(SYNTHETIC, output_dir=str(tmp_path / name), on_round=_stop)
+    result = fedpcd.run(tmp_path / "api", resume=True)
+    assert main(["run", "--quiet", "--resume", str(tmp_path / "cli")]) == 0
+    assert run_records(tmp_path / "api") == run_records(tmp_path / "cli")
+    assert result.config.output_dir == str(tmp_path / "api") and result.metrics["round"].tolist() == [1, 2]
+    written = (tmp_path / "api" / "metrics.jsonl").read_bytes()
+    again = fedpcd.run(str(tmp_path / "api"), resume=True)  # finished: nothing runs
+    assert again.summary == result.summary and (tmp_path / "api" / "metrics.jsonl").read_bytes() == written
+    with pytest.raises(fedpcd.UserError, match="resumes with its config.yaml as written: give no overrides"):
+        fedpcd.run(tmp_path / "api", resume=True, rounds=3)
+    with pytest.raises(fedpcd.UserError, match="nothing to resume"):
+        fedpcd.run(tmp_path, resume=True)  # a folder that is no run
+
+
+def _stop(record: dict) -> None:
+    raise RuntimeError("stop after round 1")
+
+
+def test_resume_starts_a_new_run_and_refuses_a_run_of_another_config(tmp_path):
+    out = tmp_path / "run"
+    fresh = fedpcd.run(SYNTHETIC, output_dir=str(out), resume=True)  # nothing there yet: it starts
+    assert fresh.metrics["round"].tolist() == [1, 2]
+    written = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(fedpcd.UserError) as info:
+        fedpcd.run(SYNTHETIC, output_dir=str(out), resume=True, rounds=3, local__lr=0.5)
+    message = str(info.value)
+    assert "holds a run of another config (local.lr: 0.01 -> 0.5; rounds: 2 -> 3)" in message
+    assert "\n" not in message
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == written  # nothing touched
+    # where it lives and who watches it are not the run's settings
+    same = fedpcd.run(SYNTHETIC, output_dir=str(out), resume=True, engine__workers=1)
+    assert same.summary == fresh.summary
+    with pytest.raises(fedpcd.UserError, match="already holds a run"):
+        fedpcd.run(SYNTHETIC, output_dir=str(out))
+
+
+def test_on_round_on_flower_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(fedpcd.UserError, match="a per-round callback needs backend=local"):
+        fedpcd.run(SYNTHETIC, backend="flower", output_dir=str(tmp_path / "out"), on_round=print)
+    assert not (tmp_path / "out").exists()
+
+
+# ----- sweep, load_runs' settings and config, report ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """The 4 runs of GRID (1 round each) through fedpcd.api.sweep, the overrides applied to each."""
+    root = tmp_path_factory.mktemp("grid")
+    path = root / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**SYNTHETIC, "output_dir": str(root / "runs"), "sweep": GRID}))
+    index = sweep(path, overrides={"rounds": 1, "local.lr": 0.05, "model__hidden": 4})
+    return path, root / "runs", index
+
+
+def test_sweep_returns_its_index_with_the_overrides_applied(grid):
+    path, runs, index = grid
+    assert index.equals(fedpcd.load_index(runs)) and len(index) == 4 and set(index["status"]) == {"done"}
+    for config in map(json.loads, index["config"]):
+        assert (config["rounds"], config["local"]["lr"], config["model"]["hidden"]) == (1, 0.05, 4)
+    written = {p: p.read_bytes() for p in runs.rglob("metrics.jsonl")}
+    assert sweep(path, overrides={"rounds": 1, "local.lr": 0.05, "model__hidden": 4}).equals(index)
+    assert {p: p.read_bytes() for p in runs.rglob("metrics.jsonl")} == written  # finished runs: skipped
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"jobs": 0}, "jobs must be a whole number >= 1, got 0"),
+        ({"jobs": True}, "jobs must be a whole number >= 1, got True"),
+        ({"overrides": ["rounds=1"]}, "overrides must be a mapping of config keys to values, got list"),
+        ({"overrides": {1: 2}}, "override keys are dotted config keys (text), got 1"),
+        ({"overrides": {"rounds": object()}}, "override 'rounds': object is not a config value"),
+        ({"overrides": {"colour": "red"}}, "unknown config key 'colour'"),
+    ],
+)
+def test_sweep_bad_options_are_one_line_before_any_run(tmp_path, options, needle):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        yaml.safe_dump({**SYNTHETIC, "output_dir": str(tmp_path / "runs"), "sweep": {"seed": [0]}})
+    )
+    with pytest.raises(fedpcd.UserError) as info:
+        sweep(path, **options)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_load_runs_has_the_setting_and_the_resolved_config_as_columns(grid):
+    _, runs, _ = grid
+    frame = fedpcd.load_runs(runs)
+    assert frame.columns[:6].tolist() == ["run", "algorithm", "dataset", "seed", "round", "setting"]
+    assert len(frame) == 4  # one evaluated round each
+    for _, row in frame.iterrows():
+        config = yaml.safe_load((runs / row["run"] / "config.yaml").read_text())
+        expected = {
+            ("config.clients" if key == "clients" else key): json.dumps(value)
+            if isinstance(value, (list, dict))
+            else value
+            for key, value in _flatten(config).items()
+            if key != "seed"
+        }
+        assert {key: row[key] for key in expected} == expected
+        # the settings as the report's tables name them
+        assert row["setting"] == {"iid": "IID", "pathological": "P2C1"}[row["partition.scheme"]]
+    assert frame["algorithm.name"].tolist() == frame["algorithm"].tolist()
+    assert sorted(frame["algorithm.mu"].dropna().tolist()) == [0.1, 0.1]  # fedprox's only
+    assert frame["clients"].tolist() == [[0, 1]] * 4 and set(frame["config.clients"]) == {2}
+    assert set(frame["local.lr"]) == {0.05} and set(frame["model.hidden"]) == {4}
+    assert frame.columns.tolist().index("global_acc") < frame.columns.tolist().index("dataset.name")
+    table = frame.groupby(["setting", "algorithm"])["global_acc"].mean()  # what the columns are for
+    assert table.index.tolist() == [
+        ("IID", "fedavg"),
+        ("IID", "fedprox"),
+        ("P2C1", "fedavg"),
+        ("P2C1", "fedprox"),
+    ]
+
+
+def test_report_returns_the_tables_and_writes_the_files_of_fedpcd_report(grid, tmp_path):
+    _, runs, _ = grid
+    result = report(runs, out=tmp_path / "api", paired_with="fedavg", last=1)
+    argv = ["report", str(runs), "--out", str(tmp_path / "cli"), "--paired-with", "fedavg", "--last", "1"]
+    assert main(argv) == 0
+    assert result.markdown == (tmp_path / "api" / "report.md").read_text()
+    assert result.markdown == (tmp_path / "cli" / "report.md").read_text()
+
+    def files(folder):
+        return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+    assert files(tmp_path / "api") == files(tmp_path / "cli") and "report.md" in files(tmp_path / "api")
+    headings = [line[3:] for line in result.markdown.splitlines() if line.startswith("## ")]
+    tabled = [h for h in headings if h in result.tables]
+    assert list(result.tables) == tabled and "All runs" in tabled  # every table, keyed by its heading
+    assert "GA (%), mean of the last 1 evaluated round" in tabled
+    ga = result.tables["GA (%), mean of the last 1 evaluated round"]
+    assert ga.columns.tolist() == ["method", "IID", "P2C1"] and ga["method"].tolist() == [
+        "fedavg",
+        "fedprox mu=0.1",
+    ]
+    runs_table = result.tables["All runs"]
+    markdown_rows = [
+        line for line in result.markdown.split("## All runs")[1].splitlines() if line.startswith("|")
+    ]
+    assert runs_table.columns.tolist() == [c.strip() for c in markdown_rows[0].strip("|").split("|")]
+    assert len(runs_table) == len(markdown_rows) - 2 == 4
+    assert runs_table["seeds"].tolist() == [1, 1, 1, 1] and runs_table["rounds"].dtype.kind == "i"
+    # one seed per row: GA is a number (the run's last GA in %); the pivot tables' cells as in the markdown
+    ga_runs = fedpcd.load_runs(runs).set_index(["algorithm", "partition.scheme"])["global_acc"]
+    for _, row in runs_table.iterrows():
+        name, scheme = row["algorithm"].split()[0], row["partition"].split()[0]
+        assert row["GA"] == round(100 * ga_runs[(name, scheme)], 2)
+        assert (
+            f"{row['GA']:.2f}"
+            in ga.set_index("method").loc[row["algorithm"], {"iid": "IID"}.get(scheme, "P2C1")]
+        )
+    # without out: the same tables (the markdown without the figures' sections), nothing written
+    alone = report(runs, paired_with="fedavg", last=1)
+    assert list(alone.tables) == list(result.tables)
+    assert all(alone.tables[key].equals(table) for key, table in result.tables.items())
+    assert not any(p.name in ("report.md", "curves.png") for p in runs.rglob("*"))
+
+
+def test_report_single_layout_options_and_bad_options(grid, tmp_path):
+    _, runs, _ = grid
+    one = runs / sorted(p.name for p in runs.iterdir() if p.is_dir())[0]
+    plain, swing = report(one, last=1), report(one, last=1, swing=True, best=True)
+    assert list(plain.tables) == list(swing.tables) == ["All runs"] and len(plain.tables["All runs"]) == 1
+    added = [c for c in swing.tables["All runs"].columns if c not in plain.tables["All runs"].columns]
+    assert added == ["GA swing", "GA best"]
+    assert swing.tables["All runs"]["GA swing"].isna().all()  # "-": one round has no swing
+    assert (
+        swing.tables["All runs"]["GA best"].tolist() == plain.tables["All runs"]["GA"].tolist()
+    )  # one round
+    for options, needle in [
+        ({"last": 0}, "last must be a whole number >= 1, got 0"),
+        ({"rounds_to": ["x"]}, "rounds_to must be a list of accuracies in %"),
+    ]:
+        with pytest.raises(fedpcd.UserError, match=needle):
+            report(runs, **options)
+    with pytest.raises(fedpcd.UserError, match="no finished runs"):
+        report(tmp_path)
+
+
+# ----- describe: the description column -----------------------------------------------------------------
+
+
+def _toy_model(
+    in_channels: int,
+    num_classes: int,
+    image_size: int,
+    *,
+    width: Annotated[int, Field(ge=1, description="Hidden units of the one layer.")] = 4,
+    bias: bool = True,
+):
+    """A toy model (Doe et al., 2024)."""
+
+
+def test_described_parameters_get_a_description_column_and_the_others_none():
+    assert _block("model", "toy", _toy_model).splitlines() == [
+        "model toy (test_api._toy_model)",
+        "paper: Doe et al., 2024",
+        "description: A toy model (Doe et al., 2024).",
+        "parameters (set as model.<parameter>=<value>):",
+        "parameter  type      default  description",
+        "---------  --------  -------  ------------------------------",
+        "width      int >= 1  4        Hidden units of the one layer.",
+        "bias       bool      true     -",
+    ]
+    assert "description" not in fedpcd.describe("mlp").split("parameters (")[1]  # none declared: no column

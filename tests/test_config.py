@@ -1,15 +1,20 @@
-"""Config schema: defaults filled and written back, dotted overrides, one-line errors."""
+"""Config schema: defaults filled and written back, dotted overrides, one-line errors, described fields."""
 
 from __future__ import annotations
 
+import pydoc
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
-from fedpcd.config import load_config
+import fedpcd
+from fedpcd.config import Config, EngineConfig, load_config
 from fedpcd.config_input import parse_overrides
 from fedpcd.errors import UserError
+from fedpcd.params import LocalTraining
 
 
 def test_defaults_are_resolved():
@@ -105,3 +110,50 @@ def test_secagg_with_fewer_than_two_clients_per_round_is_refused_when_the_config
             load_config(None, ["backend=flower", "privacy.secagg=true", *args])
     two = load_config(None, ["backend=flower", "privacy.secagg=true", "clients=2"])
     assert two.privacy.secagg is not None
+
+
+def _sections(model: type[BaseModel]) -> list[type[BaseModel]]:
+    """``model`` and every config section below it (``X | None`` sections included), each once."""
+    found = [model]
+    for info in model.model_fields.values():
+        for inner in (info.annotation, *typing.get_args(info.annotation)):
+            if isinstance(inner, type) and issubclass(inner, BaseModel) and inner not in found:
+                found.extend(s for s in _sections(inner) if s not in found)
+    return found
+
+
+def test_every_field_of_every_section_has_a_description():
+    sections = _sections(Config)
+    names = {s.__name__ for s in sections}
+    assert names >= {
+        "Config",
+        "DatasetConfig",
+        "PartitionConfig",
+        "ModelConfig",
+        "LocalTraining",
+        "AlgorithmConfig",
+        "EngineConfig",
+        "AggregationConfig",
+        "PrivacyConfig",
+        "SecAggConfig",
+        "TrackingConfig",
+    }
+    for section in sections:
+        for name, info in section.model_fields.items():
+            text = info.description or ""
+            assert len(text) > 10 and text.endswith(".") and "\n" not in text, f"{section.__name__}.{name}"
+
+
+def test_help_shows_the_configs_own_docstring_and_each_key_with_its_description():
+    text = pydoc.render_doc(fedpcd.Config, renderer=pydoc.plaintext).split("Method resolution order")[0]
+    assert "An experiment: every key of a config file" in text
+    assert "A base class for creating Pydantic models" not in text  # pydantic's BaseModel docstring
+    assert "    seed (int >= 0): Seed of every random draw" in text and "Default: 0." in text
+    assert "    participation (float in (0, 1]): Fraction of the clients sampled each round" in text
+    for name, info in Config.model_fields.items():
+        assert f"    {name} (" in text and info.description in " ".join(text.split())
+    engine = pydoc.render_doc(EngineConfig, renderer=pydoc.plaintext)
+    assert "    workers (one of: auto, or int): Processes training a round's clients" in engine
+    assert "Default: 'auto'." in engine
+    local = pydoc.render_doc(LocalTraining, renderer=pydoc.plaintext)
+    assert "    grad_clip (float > 0, or null): Clip each step's gradient to this L2 norm" in local

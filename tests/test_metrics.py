@@ -6,9 +6,11 @@ import math
 
 import pytest
 import torch
+from sklearn.metrics import balanced_accuracy_score
 
 from fedpcd.engine.metrics import (
     accuracy,
+    balanced_accuracy,
     pa_l,
     pa_v,
     per_class_accuracy,
@@ -26,6 +28,18 @@ def test_per_class_accuracy_by_hand():
     row = per_class_accuracy(pred, y, 4)
     assert row[:3].tolist() == pytest.approx([0.5, 2 / 3, 0.0])
     assert math.isnan(row[3])  # no test sample of class 3
+
+
+def test_balanced_accuracy_on_a_tiny_confusion():
+    # true class (rows) x predicted: class 0 [4 0 0], class 1 [1 0 0], class 2 [0 0 1]; class 3 has no samples
+    y = torch.tensor([0, 0, 0, 0, 1, 2])
+    pred = torch.tensor([0, 0, 0, 0, 0, 2])
+    assert accuracy(pred, y) == pytest.approx(5 / 6)
+    row = per_class_accuracy(pred, y, 4).tolist()  # recalls 1, 0, 1 and NaN
+    assert balanced_accuracy(row) == 2 / 3  # (1 + 0 + 1) / 3: the class without test samples is skipped
+    assert balanced_accuracy(row) == pytest.approx(balanced_accuracy_score(y.numpy(), pred.numpy()))
+    assert balanced_accuracy([0.5, None, 0.25]) == 0.375  # a record's global_class_acc: None = no samples
+    assert balanced_accuracy([None, math.nan]) is None and balanced_accuracy([]) is None
 
 
 def test_pa_l_and_pa_v_by_hand():
@@ -126,3 +140,14 @@ def test_round_record_and_summary():
     s = summary_of([r1, r2], 2.5, 2)
     assert s["final"]["round"] == 2 and s["final"]["global_acc"] == pytest.approx(0.6)
     assert s["best"]["global_acc"] == pytest.approx(0.7) and s["best_round"]["global_acc"] == 1
+
+
+def test_the_summary_keeps_the_best_balanced_accuracy_and_its_round():
+    records = [
+        {"round": 1, "global_acc": 0.7, "global_balanced_acc": 0.5},
+        {"round": 2, "global_acc": 0.6, "global_balanced_acc": 0.55},
+    ]
+    s = summary_of(records, 1.0, 2)
+    assert s["best"]["global_balanced_acc"] == pytest.approx(0.55)
+    assert s["best_round"]["global_balanced_acc"] == 2
+    assert s["best_round"]["global_acc"] == 1

@@ -45,7 +45,7 @@ from install_helpers import (
 )
 
 PACKAGING_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "src")
-PACKAGE_DATA = ("py.typed", "configs/*.yaml")  # pyproject's [tool.setuptools.package-data] for fedpcd
+PACKAGE_DATA = ("py.typed", "configs/**/*.yaml")  # pyproject's [tool.setuptools.package-data] for fedpcd
 PLUGIN_PAGE = ROOT / "docs" / "plugins.md"
 # a marked block of the plugin page: the marker comment, then a fence whose title is the file's path
 PLUGIN_BLOCK = re.compile(
@@ -178,14 +178,16 @@ def venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ven
 @pytest.mark.release
 def test_the_wheel_holds_every_module_its_data_and_no_tests(built: Built):
     package = built.tree / "src" / "fedpcd"
+    data = {p for pattern in PACKAGE_DATA for p in package.glob(pattern)}  # glob's ** spans 0+ folders
     expected = {
         f"fedpcd/{p.relative_to(package).as_posix()}"
         for p in package.rglob("*")
-        if p.is_file()
-        and "__pycache__" not in p.parts
-        and (p.suffix == ".py" or any(p.relative_to(package).match(pattern) for pattern in PACKAGE_DATA))
+        if p.is_file() and "__pycache__" not in p.parts and (p.suffix == ".py" or p in data)
     }
-    assert {"fedpcd/py.typed", "fedpcd/configs/demo.yaml", "fedpcd/cli.py"} <= expected
+    assert {
+        "fedpcd/py.typed", "fedpcd/configs/demo.yaml", "fedpcd/configs/example.yaml", "fedpcd/cli.py",
+        "fedpcd/configs/paper/fedgela-cifar10-full.yaml",
+    } <= expected  # fmt: skip
     names = zipfile.ZipFile(built.wheel).namelist()
     info = f"fedpcd-{project_version()}.dist-info/"
     assert {n for n in names if n.startswith("fedpcd/")} == expected  # every subpackage found, no stray file

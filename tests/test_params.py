@@ -19,7 +19,15 @@ from fedpcd.config import load_config
 from fedpcd.data.partition import PARTITIONERS, make_partition, resolve_params
 from fedpcd.errors import UserError
 from fedpcd.models import MODELS, build_model
-from fedpcd.params import ParamSpec, declared_params, expected, validate_params
+from fedpcd.params import (
+    ParamSpec,
+    Section,
+    declared_params,
+    expected,
+    field_type,
+    param_description,
+    validate_params,
+)
 
 SMALL = ["dataset.name=synthetic", "clients=3", "rounds=1"]
 
@@ -278,3 +286,35 @@ def test_fedgela_accepts_what_it_did() -> None:
     for bad in ({"scale": 0.0}, {"scale": float("inf")}, {"proj_dim": 0}, {"q": "log"}):
         with pytest.raises(UserError, match=f"'algorithm.{next(iter(bad))}' of algorithm 'fedgela'"):
             build_algorithm("fedgela", bad)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "text"),
+    [
+        (Annotated[int, Field(ge=1, description="Hidden units.")], "Hidden units."),
+        (Annotated[int, Field(ge=1, description="Width.")] | None, "Width."),  # inside a union member
+        (Annotated[Annotated[float, Field(gt=0)], Field(description="Nested.")], "Nested."),
+        (Annotated[int, Field(ge=1)], ""),
+        (Literal["a", "b"], ""),
+        (int, ""),
+    ],
+)
+def test_param_description_is_the_declared_fields(annotation, text) -> None:
+    assert param_description(annotation) == text
+
+
+def test_a_sections_docstring_lists_its_fields_with_type_default_and_description() -> None:
+    class Toy(Section):
+        """A toy section."""
+
+        size: int = Field(3, ge=1, description="How many.")
+        mode: Literal["a", "b"] | None = Field(None, description="Which one.")
+        items: list[int] = Field(default_factory=list, description="Some numbers.")
+
+    assert field_type(Toy.model_fields["size"]) == "int >= 1"
+    assert Toy.__doc__ == (
+        "A toy section.\n\nAttributes:\n"
+        "    size (int >= 1): How many. Default: 3.\n"
+        "    mode (one of: a, b, null): Which one. Default: None.\n"
+        "    items (list): Some numbers."
+    )

@@ -396,7 +396,9 @@ def test_scheme_params() -> None:
     then["beta"] = 99
     assert scheme_params("longtail")["then"] == {"scheme": "dirichlet", "beta": 0.2}  # a copy each time
     assert set(PARTITIONERS.names()) == {
-        "iid", "dirichlet", "pathological", "shards", "longtail", "fedssa", "nid2", "explicit", "natural"
+        "iid", "dirichlet", "pathological", "shards", "longtail", "fedssa", "nid2", "explicit", "natural",
+        "flwr:shard", "flwr:linear", "flwr:square", "flwr:exponential", "flwr:inner_dirichlet",
+        "flwr:pathological",
     }  # fmt: skip
 
 

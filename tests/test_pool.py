@@ -158,10 +158,10 @@ def test_kill_9_then_resume_with_workers_2_matches_the_uninterrupted_run(tmp_pat
 
 
 def test_a_sweeps_jobs_share_the_cores_instead_of_oversubscribing_them(monkeypatch):
-    from fedpcd import sweep
+    from fedpcd import launchers
 
-    monkeypatch.setattr(sweep, "die_with_parent", lambda parent: None)
+    monkeypatch.setattr(launchers, "die_with_parent", lambda parent: None)
     monkeypatch.setenv(pool.CORES_VAR, "64")  # restored after the test
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
-    sweep._start_job(os.getpid(), 8 // 3)  # what _run_pool gives each of 3 jobs on 8 cores
+    launchers._start_job(os.getpid(), 8 // 3)  # what LocalLauncher gives each of 3 jobs on 8 cores
     assert os.environ[pool.CORES_VAR] == "2" and pool.usable_cores() == 2

@@ -97,7 +97,11 @@ def fresh_copy(dest: Path) -> Path:
     ).stdout.decode()
     for name in filter(None, listed.split("\0")):
         source = ROOT / name
-        if source.is_file() and not source.is_symlink():  # a tracked file deleted in the tree is skipped
+        if source.is_symlink():  # configs -> src/fedpcd/configs: the link, as git stores it
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            (dest / name).symlink_to(os.readlink(source))
+            continue
+        if source.is_file():  # a tracked file deleted in the tree is skipped
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)
     return dest

@@ -1,14 +1,17 @@
 """fedpcd: federated learning under label skew and partially class-disjoint data.
 
-The Python API (:mod:`fedpcd.api`)::
+The Python API (`fedpcd.api`):
 
-    import fedpcd
+```python
+import fedpcd
 
-    result = fedpcd.run("configs/example.yaml", rounds=2, algorithm__name="fednh")
-    result.metrics  # one row per evaluated round (a pandas DataFrame)
+result = fedpcd.run("configs/example.yaml", rounds=2, algorithm__name="fednh")
+result.metrics  # one row per evaluated round (a pandas DataFrame)
+```
 
 Its names are loaded on first use, so ``import fedpcd`` (and the command line) stays light: no torch, no
-pandas until they are needed.
+pandas until they are needed. Sweeps and reports are `fedpcd.api.sweep` and `fedpcd.api.report`
+(`fedpcd.sweep` and `fedpcd.report` are the modules behind the commands).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedpcd.api import RunResult, describe, load_index, load_runs, partition, run
+    from fedpcd.api import Report, RunResult, describe, load_index, load_runs, partition, run
     from fedpcd.config import Config, load_config
     from fedpcd.errors import UserError
 
@@ -29,6 +32,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 
 _HOMES = {
     "run": "fedpcd.api",
+    "Report": "fedpcd.api",
     "RunResult": "fedpcd.api",
     "load_runs": "fedpcd.api",
     "load_index": "fedpcd.api",
@@ -40,6 +44,7 @@ _HOMES = {
 }
 __all__ = [
     "Config",
+    "Report",
     "RunResult",
     "UserError",
     "describe",

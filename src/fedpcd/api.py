@@ -1,27 +1,28 @@
-"""The Python API: run experiments, read runs and sweep indexes as pandas DataFrames, partition labels.
+"""The Python API: run experiments and sweeps, read runs, sweep indexes and reports as pandas DataFrames.
 
-::
+```python
+import fedpcd
 
-    import fedpcd
+result = fedpcd.run("configs/example.yaml", rounds=2, local__lr=0.05, algorithm__name="fednh")
+result.metrics[["round", "global_acc", "personal_acc"]]
+runs = fedpcd.load_runs("runs/")  # every finished run below runs/: one row per (run, evaluated round)
+parts = fedpcd.partition(labels, "dirichlet", clients=10, seed=0, beta=0.1)
+```
 
-    result = fedpcd.run("configs/example.yaml", rounds=2, local__lr=0.05, algorithm__name="fednh")
-    result.metrics[["round", "global_acc", "personal_acc"]]
-    runs = fedpcd.load_runs("runs/")  # every finished run below runs/: one row per (run, evaluated round)
-    parts = fedpcd.partition(labels, "dirichlet", clients=10, seed=0, beta=0.1)
-
-Each function goes through the code the command line runs (``load_config``, ``run_experiment``,
-``make_partition``, the report's run readers, the sweep's index), with the same checks: bad input is a
-:class:`~fedpcd.errors.UserError` of one line naming the problem and the valid choices.
+Each function goes through the code the command line runs (`load_config`, `run_experiment`, `resume_run`,
+`run_sweep`, `write_report`, `make_partition`, the report's run readers, the sweep's index), with the same
+checks: bad input is a `UserError` of one line naming the problem and the valid choices.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import re
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,28 +30,70 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from fedpcd.config import Config, DatasetConfig, apply_overrides, config_from_dict
+from fedpcd.config import (
+    HF_COLUMNS,
+    Config,
+    DatasetConfig,
+    _flatten,
+    apply_overrides,
+    config_changes,
+    config_from_dict,
+    describe_changes,
+    load_run_config,
+    run_setting,
+)
 from fedpcd.config_input import read_yaml
 from fedpcd.errors import UserError, choices, clip, short
-from fedpcd.params import SECTIONS, param_spec, type_text
+from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.run_format import RunFiles
 from fedpcd.utils import show_path, text_table
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RunResult", "describe", "load_index", "load_runs", "partition", "run"]
+__all__ = [
+    "Report",
+    "RunResult",
+    "describe",
+    "load_index",
+    "load_runs",
+    "partition",
+    "report",
+    "run",
+    "sweep",
+]
 
 
 @dataclass(frozen=True, eq=False)
 class RunResult:
-    """One finished run: its directory, resolved config, summary (summary.json) and per-round metrics
-    (metrics.jsonl as a DataFrame: one row per evaluated round, ``round`` first)."""
+    """One finished run.
+
+    Attributes:
+        run_dir: Its directory (the config's ``output_dir``).
+        config: The resolved config it ran with.
+        summary: Its summary.json.
+        metrics: Its metrics.jsonl as a DataFrame: one row per evaluated round, ``round`` first.
+    """
 
     run_dir: Path
     config: Config = field(repr=False)
     summary: dict[str, Any] = field(repr=False)
     metrics: pd.DataFrame = field(repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class Report:
+    """What ``fedpcd report`` makes of a folder of runs.
+
+    Attributes:
+        markdown: The report's markdown, as the command prints it.
+        tables: Its tables by the heading above each (``All runs``: a row per setting, its seeds together;
+            ``GA (%), mean of the last 5 evaluated rounds``, ... where the runs differ in method and setting):
+            the cells as the markdown shows them, columns of plain numbers as numbers (``-``: missing).
+    """
+
+    markdown: str = field(repr=False)
+    tables: dict[str, pd.DataFrame] = field(repr=False)
 
 
 def _nested(overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,27 +130,210 @@ def _resolve(config: str | os.PathLike[str] | Config | Mapping[str, Any] | None,
     return config_from_dict(apply_overrides(raw, _nested(overrides)))
 
 
+def _started(config: Config) -> bool:
+    """Whether ``config``'s output_dir holds a started run (its config.yaml or a checkpoint); one made with
+    another config (but for where it lives and who watches it) is a UserError naming the differences."""
+    files = RunFiles(config.output_dir)
+    if not files.config.is_file():
+        return files.checkpoint.exists()  # a checkpoint alone: resume_run says why it cannot go on
+    theirs = load_run_config(files.config, [f"output_dir={files.path}"])
+    changes = config_changes(run_setting(theirs.to_dict()), run_setting(config.to_dict()))
+    if changes:
+        raise UserError(
+            f"output_dir {files.path} holds a run of another config ({describe_changes(changes)}); resume "
+            "continues a run with its own config.yaml: give that config, or set output_dir to a new folder"
+        )
+    return True
+
+
 def run(
     config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None,
     /,
     *,
+    resume: bool = False,
     progress: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
     **overrides: Any,
 ) -> RunResult:
-    """Run one experiment, as ``fedpcd run`` does, and return its :class:`RunResult`.
+    """Run one experiment, as ``fedpcd run`` does, and return its `RunResult`.
 
-    ``config``: a YAML file, a :class:`~fedpcd.config.Config`, a mapping of config keys, or None (every
-    default). ``overrides``: config keys, ``__`` separating nested ones (``local__lr=0.05`` is the command
-    line's ``local.lr=0.05``); as there, switching ``algorithm__name`` (or a model name, a partition scheme)
-    drops the given section's other keys. The run writes its directory (``output_dir``) as the command line
-    does, and refuses one that holds a finished run."""
-    from fedpcd.engine import run_experiment
+    The run writes its directory (``output_dir``) as the command line does, and refuses one that already
+    holds a run unless ``resume`` is set.
+
+    Args:
+        config: A YAML file, a `Config`, a mapping of config keys, or None (every default). With
+            ``resume``, also a run directory: that run continues with its config.yaml, as
+            ``fedpcd run --resume RUN_DIR`` does.
+        resume: Continue the run in ``output_dir`` from its last checkpoint (``fedpcd run --resume``'s own
+            code); a finished run is returned as it is, a folder without a run starts it. The run there
+            must have been made with this config (but for ``output_dir``, ``tracking`` and
+            ``engine.workers``).
+        progress: Show the command line's progress bar.
+        on_round: Called after every evaluated round with its metrics record (the dict written to
+            metrics.jsonl), e.g. to plot live in a notebook; an exception it raises stops the run there,
+            before that round's checkpoint, so ``resume=True`` continues it. Local backend only.
+        **overrides: Config keys, ``__`` separating nested ones (``local__lr=0.05`` is the command line's
+            ``local.lr=0.05``); as there, switching ``algorithm__name`` (or a model name, a partition
+            scheme) drops the given section's other keys.
+
+    Returns:
+        The finished run: its directory, config, summary and per-round metrics.
+
+    Raises:
+        UserError: A bad config or override, an output_dir holding a run (of another config, with
+            ``resume``), a run that diverged: one line.
+    """
+    from fedpcd.engine import check_record_hook, resume_run, run_experiment
+
+    if resume and isinstance(config, (str, os.PathLike)) and Path(config).is_dir():
+        if overrides:
+            raise UserError("a run directory resumes with its config.yaml as written: give no overrides")
+        out = Path(config)
+    else:
+        resolved = _resolve(config, overrides)
+        check_record_hook(resolved, on_round)
+        if not (resume and _started(resolved)):
+            return _result(resolved, run_experiment(resolved, progress=progress, on_record=on_round))
+        out = Path(resolved.output_dir)
+    summary = resume_run(out, progress=progress, on_record=on_round)
+    return _result(load_run_config(RunFiles(out).config, [f"output_dir={out}"]), summary)
+
+
+def _result(config: Config, summary: dict[str, Any]) -> RunResult:
     from fedpcd.report import read_metrics
 
-    resolved = _resolve(config, overrides)
-    summary = run_experiment(resolved, progress=progress)
-    files = RunFiles(resolved.output_dir)
-    return RunResult(files.path, resolved, summary, _frame(read_metrics(files.metrics), ["round"]))
+    files = RunFiles(config.output_dir)
+    return RunResult(files.path, config, summary, _frame(read_metrics(files.metrics), ["round"]))
+
+
+def _override_items(overrides: Mapping[str, Any] | None) -> list[str]:
+    """``{"local.lr": 0.05}`` (or ``local__lr``) as the command line's ``["local.lr=0.05"]``."""
+    if overrides is None:
+        return []
+    if not isinstance(overrides, Mapping):
+        raise UserError(
+            f"overrides must be a mapping of config keys to values, got {type(overrides).__name__}"
+        )
+    items = []
+    for key, value in overrides.items():
+        if not isinstance(key, str):
+            raise UserError(f"override keys are dotted config keys (text), got {short(key)}")
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        try:
+            text = _default_text(value)
+        except yaml.YAMLError:
+            raise UserError(f"override {short(key)}: {type(value).__name__} is not a config value") from None
+        items.append(f"{key.replace('__', '.')}={text}")
+    return items
+
+
+def sweep(
+    config_path: str | os.PathLike[str], *, jobs: int = 1, overrides: Mapping[str, Any] | None = None
+) -> pd.DataFrame:
+    """Run a sweep file's grid, as ``fedpcd sweep`` does, and return its index.
+
+    Finished runs are skipped, stopped ones resumed; progress lines are printed as on the command line.
+
+    Args:
+        config_path: A sweep file: a config with a top-level ``sweep:`` mapping of keys to lists of values.
+        jobs: Runs in parallel (processes).
+        overrides: Config keys (dotted, or with ``__``) and values applied to every run, e.g.
+            ``{"rounds": 2, "local.lr": 0.05}``.
+
+    Returns:
+        The sweep's index (`load_index`): one row per run of the grid.
+
+    Raises:
+        UserError: A bad sweep file or override; a run that failed or could not run (the others ran;
+            `load_index` reads the index, calling `sweep` again retries them).
+    """
+    from fedpcd.sweep import index_path, run_sweep
+
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise UserError(f"jobs must be a whole number >= 1, got {short(jobs)}")
+    items = _override_items(overrides)
+    run_sweep(config_path, items, jobs=jobs)
+    return load_index(index_path(config_path, items))
+
+
+def _tables(markdown: str) -> dict[str, pd.DataFrame]:
+    """The pipe tables of a report's markdown by the ``##`` heading above each (``All runs`` before any)."""
+    import pandas as pd
+
+    tables: dict[str, pd.DataFrame] = {}
+    heading, rows = "All runs", []
+    for line in [*markdown.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+            continue
+        if rows:
+            header, _, *body = rows  # the second row is the |---| rule
+            frame = pd.DataFrame(body, columns=header)
+            for i in range(frame.shape[1]):
+                with contextlib.suppress(ValueError, TypeError):  # text stays text
+                    frame.isetitem(i, pd.to_numeric(frame.iloc[:, i].replace("-", None)))
+            tables[heading] = frame
+            rows = []
+        if line.startswith("## "):
+            heading = line[3:].strip()
+    return tables
+
+
+def report(
+    path: str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str] | None = None,
+    paired_with: str | None = None,
+    last: int = 5,
+    rounds_to: Sequence[float] = (),
+    swing: bool = False,
+    best: bool = False,
+    geometry: bool = False,
+    title: str | None = None,
+    notes: str | os.PathLike[str] | None = None,
+) -> Report:
+    """The report of the finished runs below ``path``, as ``fedpcd report`` makes it.
+
+    Args:
+        path: A folder searched for run directories (a sweep's output_dir, an archive, one run).
+        out: Also write the report there, with its figures, as ``fedpcd report --out`` does: a folder
+            (report.md inside) or a .md file (figures in the folder of the same name beside it).
+        paired_with: An algorithm: add GA and PA-split differences to its run of the same setting and seed.
+        last: Average each run over its last ``last`` evaluated rounds.
+        rounds_to: Add columns R<x>%: the first round at which GA reaches x%.
+        swing: Add GA's max - min over the last rounds (``--swing``).
+        best: Add each run's best GA over all rounds (``--best``).
+        geometry: Add class-mean angles (``--geometry``; needs the runs' checkpoints).
+        title: A ``# TITLE`` heading on top of the markdown.
+        notes: A markdown file put under the title.
+
+    Returns:
+        The markdown and its tables as DataFrames.
+
+    Raises:
+        UserError: No finished run below ``path``, a malformed run file, an unwritable ``out``, a bad option.
+    """
+    from fedpcd.report.document import write_report
+
+    if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+        raise UserError(f"last must be a whole number >= 1, got {short(last)}")
+    try:
+        targets = [float(x) for x in rounds_to]
+    except (TypeError, ValueError):
+        raise UserError(f"rounds_to must be a list of accuracies in %, got {short(rounds_to)}") from None
+    text = write_report(
+        path,
+        out,
+        last=last,
+        rounds_to=targets,
+        paired_with=paired_with,
+        with_swing=swing,
+        geometry=geometry,
+        with_best=best,
+        title=title,
+        notes=notes,
+    )
+    return Report(text, _tables(text))
 
 
 def _frame(rows: list[dict[str, Any]], first: list[str]) -> pd.DataFrame:
@@ -119,32 +345,86 @@ def _frame(rows: list[dict[str, Any]], first: list[str]) -> pd.DataFrame:
     return frame.reindex(columns=first + [c for c in frame.columns if c not in first])
 
 
+# metrics.jsonl keys that are also config keys: in load_runs the config's value is under config.<key>
+_RECORD_KEYS = ("clients",)  # a record's: the round's participants; the config's: how many clients there are
+
+
+def _config_columns(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config as columns: dotted keys (``local.lr``), lists and mappings as JSON text."""
+    return {
+        f"config.{key}" if key in _RECORD_KEYS else key: json.dumps(value)
+        if isinstance(value, (list, dict))
+        else value
+        for key, value in _flatten(config).items()
+        if key != "seed"  # a column already
+    }
+
+
 def load_runs(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """Every finished run (a folder with summary.json) at or under ``path``, as ``fedpcd report`` reads
-    them: one row per (run, evaluated round), columns ``run`` (its folder relative to ``path``),
-    ``algorithm``, ``dataset``, ``seed``, ``round``, then the metrics of metrics.jsonl under their keys.
-    No finished run, or a malformed run file, is a one-line UserError."""
+    """Every finished run (a folder with summary.json) at or under ``path``, as ``fedpcd report`` reads them.
+
+    Args:
+        path: A folder of runs (searched recursively) or one run directory.
+
+    Returns:
+        One row per (run, evaluated round). Columns: ``run`` (its folder relative to ``path``),
+            ``algorithm``, ``dataset``, ``seed``, ``round``, ``setting`` (the name ``fedpcd report`` on the
+            run's folder gives its setting among the runs beside it, e.g. those of its sweep: P10C2, Dir(0.1),
+            ..., with the keys that set it apart, e.g. ``Dir(0.3) K=100 participation=0.1``); then the
+            metrics of metrics.jsonl under their keys (a metric a round lacks is NaN); then the run's resolved
+            config under dotted keys (``algorithm.name``, ``local.lr``, ``partition.beta``, ...; lists and
+            mappings as JSON text; the number of clients is ``config.clients``, as ``clients`` is the round's
+            participants).
+
+    Raises:
+        UserError: No finished run, or a malformed run file: one line naming it.
+    """
+    from fedpcd.report import Run
     from fedpcd.report import load_runs as finished_runs
+    from fedpcd.report.grid import build_grid
 
     root = Path(path)
-    rows = []
-    for found in finished_runs(root):
-        dataset = found.config.get("dataset")
+    found = finished_runs(root)
+    folders: dict[Path, list[Run]] = {}
+    for run in found:  # a sweep's runs: the folders in its output_dir
+        folders.setdefault(run.path.parent, []).append(run)
+    settings = {
+        id(run): setting
+        for runs in folders.values()
+        for (_, setting), cell in build_grid(runs).cells.items()
+        for run in cell
+    }
+    rows, config_keys = [], {}
+    for run in found:
+        dataset = run.config.get("dataset")
         about = {
-            "run": found.path.relative_to(root).as_posix(),
-            "algorithm": found.config["algorithm"]["name"],
+            "run": run.path.relative_to(root).as_posix(),
+            "algorithm": run.config["algorithm"]["name"],
             "dataset": dataset.get("name") if isinstance(dataset, dict) else None,
-            "seed": found.config["seed"],
+            "seed": run.config["seed"],
+            "setting": settings[id(run)],
         }
-        rows.extend({**about, **record} for record in found.records)
-    return _frame(rows, ["run", "algorithm", "dataset", "seed", "round"])
+        config = _config_columns(run.config)
+        config_keys.update(dict.fromkeys(config))
+        rows.extend({**about, **record, **config} for record in run.records)
+    frame = _frame(rows, ["run", "algorithm", "dataset", "seed", "round", "setting"])
+    return frame[[c for c in frame.columns if c not in config_keys] + list(config_keys)]
 
 
 def load_index(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """A sweep's SQLite index (``<output_dir>/index.sqlite``, or the file itself) as a DataFrame: one row
-    per run of the grid, the index's columns (``fedpcd.sweep.INDEX_COLUMNS``: status, algorithm, ..., the
-    final and best GA and PA-split, and the config, partition and summary as JSON text), sorted by
-    ``output_dir``. Read only; a missing or unreadable index is a one-line UserError."""
+    """A sweep's SQLite index as a DataFrame (read only).
+
+    Args:
+        sweep_dir: The sweep's output_dir (holding index.sqlite), or the index file itself.
+
+    Returns:
+        One row per run of the grid, sorted by ``output_dir``, with the index's columns
+            (``fedpcd.sweep.INDEX_COLUMNS``: status, algorithm, ..., the final and best GA and PA-split,
+            and the config, partition and summary as JSON text).
+
+    Raises:
+        UserError: A missing or unreadable index.
+    """
     import pandas as pd
 
     from fedpcd.sweep import INDEX_COLUMNS, INDEX_FILE
@@ -170,10 +450,25 @@ def partition(
     num_classes: int | None = None,
     **params: Any,
 ) -> list[np.ndarray]:
-    """The training index arrays of ``clients`` clients (int64, one per client) that a run with this seed,
-    scheme and parameters (``params``: the config's ``partition.*`` keys) gives its training labels: the
-    engine's own ``make_partition``. ``num_classes`` defaults to 1 + the largest label (a run uses its
-    dataset's class count: pass it where a class may be absent from ``labels``)."""
+    """The clients' training indices that a run with this seed, scheme and parameters gives its labels.
+
+    This is the engine's own ``make_partition``.
+
+    Args:
+        labels: The training labels (integers from 0), e.g. a dataset's targets.
+        scheme: A registered partition scheme (``fedpcd list`` names them).
+        clients: The number of clients.
+        seed: The run's seed.
+        num_classes: The number of classes; None: 1 + the largest label (a run uses its dataset's class
+            count: pass it where a class may be absent from ``labels``).
+        **params: The scheme's parameters (the config's ``partition.*`` keys), e.g. ``beta=0.1``.
+
+    Returns:
+        One int64 array of indices into ``labels`` per client.
+
+    Raises:
+        UserError: An unknown scheme or parameter, a bad value, labels the scheme cannot split.
+    """
     from fedpcd.data.partition import make_partition
 
     no_test = np.zeros(0, dtype=np.int64)  # the schemes draw before the test split: it cannot change these
@@ -244,7 +539,7 @@ def _block(kind: str, name: str, obj: Any) -> str:
     where = f"{obj.__module__}.{obj.__qualname__}"
     lines = [f"{kind} {name} ({where})", f"paper: {_paper(obj)}", f"description: {_paragraph(obj.__doc__)}"]
     if kind == "dataset":
-        keys = ", ".join(f"dataset.{k}" for k in DatasetConfig.model_fields if k != "name")
+        keys = ", ".join(f"dataset.{k}" for k in DatasetConfig.model_fields if k not in ("name", *HF_COLUMNS))
         lines.append(f"parameters: none of its own ({keys} apply to every dataset)")
         return "\n".join(lines)
     spec = param_spec(kind, name, obj)
@@ -253,6 +548,11 @@ def _block(kind: str, name: str, obj: Any) -> str:
         return "\n".join(lines)
     defaults = spec.validate({})  # as a config gets them (e.g. longtail's ``then`` with its scheme's)
     rows = [[key, type_text(spec.annotations[key]), _default_text(value)] for key, value in defaults.items()]
+    header = ["parameter", "type", "default"]
+    descriptions = [param_description(spec.annotations[key]) for key in defaults]
+    if any(descriptions):  # declared as Field(description=...) in the parameter's annotation
+        header.append("description")
+        rows = [[*row, text or "-"] for row, text in zip(rows, descriptions, strict=True)]
     if kind == "algorithm":
         from fedpcd.algorithms.presets import describe_presets
 
@@ -261,14 +561,24 @@ def _block(kind: str, name: str, obj: Any) -> str:
             lines.append("presets (set as algorithm.preset=<name>; a key set in the config wins):")
             lines.extend(presets)
     lines.append(f"parameters (set as {SECTIONS[kind]}.<parameter>=<value>):")
-    lines.extend(line.rstrip() for line in text_table(rows, ["parameter", "type", "default"]).splitlines())
+    lines.extend(line.rstrip() for line in text_table(rows, header).splitlines())
     return "\n".join(lines)
 
 
 def describe(name: str) -> str:
-    """What ``fedpcd list NAME`` prints: each registered algorithm, model, dataset or partition scheme called
-    ``name``, with its class or function, paper, one-line description and parameters (type, default). An
-    unknown name is a one-line UserError listing the valid ones."""
+    """What ``fedpcd list NAME`` prints about a registered component.
+
+    Args:
+        name: An algorithm, model, dataset or partition scheme (a name may be several of them).
+
+    Returns:
+        For each component of that name: its class or function, paper, one-line description, presets and
+            parameters (type, default, and description where the parameter declares one with
+            ``Field(description=...)``), as text.
+
+    Raises:
+        UserError: An unknown name (the line lists the valid ones).
+    """
     registries = _registries()
     blocks = [_block(kind, name, registry.get(name)) for kind, registry in registries if name in registry]
     if not blocks:

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import errno
+import itertools
 import json
 import signal
 import sys
@@ -16,8 +17,12 @@ from typing import Any
 
 from fedpcd import __version__
 from fedpcd.errors import UserError
-from fedpcd.run_format import METRICS
-from fedpcd.utils import text_table
+from fedpcd.procs_guard import out_of_memory_line  # at start: under a memory limit a late import fails
+
+# Only the standard library and fedpcd's light modules load at import: `fedpcd --help`, a missing config,
+# `init` and `list configs` answer without torch; each command imports what it needs once its input is read.
+
+INIT_FILE = "fedpcd.yaml"  # what `fedpcd init` writes
 
 
 def _pct(value: Any) -> str:
@@ -26,6 +31,9 @@ def _pct(value: Any) -> str:
 
 def _summary_table(summary: dict[str, Any]) -> str:
     """The final and best value of every metric of the table, in %."""
+    from fedpcd.run_format import METRICS
+    from fedpcd.utils import text_table
+
     final, best = summary["final"], summary["best"]
     rows = [[m.label, _pct(final.get(m.key)), _pct(best.get(m.key))] for m in METRICS]
     return text_table(rows, ["metric (%)", "final", "best"])
@@ -33,11 +41,12 @@ def _summary_table(summary: dict[str, Any]) -> str:
 
 def cmd_run(args: argparse.Namespace) -> None:
     from fedpcd.config import load_config
-    from fedpcd.engine import resume_run, run_experiment
 
     if args.resume:
         if args.config or args.overrides:
             raise UserError("--resume takes only the run directory; its config.yaml is used as written")
+        from fedpcd.engine import resume_run
+
         args.resume_hint = f"fedpcd run --resume {args.resume}"
         summary = resume_run(args.resume, progress=not args.quiet, allow_changes=args.allow_config_change)
         out = args.resume
@@ -47,6 +56,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         if args.allow_config_change:
             raise UserError("--allow-config-change goes with --resume RUN_DIR")
         config = load_config(args.config, args.overrides)
+        from fedpcd.engine import run_experiment
+
         args.resume_hint = f"fedpcd run --resume {config.output_dir}"
         summary = run_experiment(config, progress=not args.quiet)
         out = config.output_dir
@@ -56,18 +67,17 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def cmd_partition(args: argparse.Namespace) -> None:
     from fedpcd.config import load_config
-    from fedpcd.data.datasets import load_dataset
-    from fedpcd.data.partition import make_partition
-    from fedpcd.data.stats import partition_json, partition_table, plot_partition
     from fedpcd.utils import atomic_write_text, check_writable
 
     cfg = load_config(args.config, args.overrides)
+    from fedpcd.data.datasets import load_configured
+    from fedpcd.data.partition import make_partition
+    from fedpcd.data.stats import partition_json, partition_table, plot_partition
+
     for target in (args.json, args.plot):  # a folder there, or a file on the way: before loading the data
         if target:
             check_writable(target)
-    ds = load_dataset(
-        cfg.dataset.name, cfg.dataset.root, cfg.dataset.train_fraction, cfg.seed, cfg.dataset.download
-    )
+    ds = load_configured(cfg)
     train_y, test_y = ds.train_y.numpy(), ds.test_y.numpy()
     params = cfg.partition.params()
     part = make_partition(
@@ -89,17 +99,16 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         for cfg in expand_sweep(args.config, args.overrides):
             print(f"{run_status(cfg):<7} {cfg.output_dir}")
         return
-    args.resume_hint = " ".join(["fedpcd sweep --config", args.config, *args.overrides])
-    run_sweep(args.config, args.overrides, jobs=args.jobs)
+    where = [] if args.launcher == "local" else ["--launcher", args.launcher]
+    where += [*(["--address", args.address] if args.address else []), *(f"--slurm={s}" for s in args.slurm)]
+    args.resume_hint = " ".join(["fedpcd sweep --config", args.config, *where, *args.overrides])
+    run_sweep(args.config, args.overrides, args.jobs, args.launcher, args.address, args.slurm)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    import time
+    from fedpcd.report.document import make_report
 
-    from fedpcd.report.document import output_paths, write_report
-
-    started = time.time()
-    text = write_report(
+    report = make_report(
         args.runs_dir,
         args.out,
         last=args.last,
@@ -112,15 +121,15 @@ def cmd_report(args: argparse.Namespace) -> None:
         notes=args.notes,
     )
     if args.print or not args.out:
-        print(text, end="")
-    if args.out:  # the files this report wrote (not older ones in its figures folder), one path a line
-        markdown, figures = output_paths(args.out)
-        written = [p for p in figures.rglob("*") if p.is_file() and p.stat().st_mtime >= started - 1]
-        for path in [markdown, *sorted(p for p in written if p != markdown)]:
-            print(f"wrote {path}")
+        print(report.markdown, end="")
+    for path in report.files:  # the files this report wrote, the markdown first
+        print(f"wrote {path}")
 
 
 def cmd_list(args: argparse.Namespace) -> None:
+    if args.name == "configs":
+        _list_configs()
+        return
     if args.name is not None:
         from fedpcd.api import describe
 
@@ -141,6 +150,22 @@ def cmd_list(args: argparse.Namespace) -> None:
         for name in reg.names():
             head = f"{kind:<10} {name:<14} "
             print(head + shorten((reg.get(name).__doc__ or "").strip(), LIST_WIDTH - len(head)))
+
+
+def _list_configs() -> None:
+    """Each shipped config's name (what ``--config`` takes) and its leading comment's first sentence."""
+    from fedpcd.config_input import shipped_configs
+
+    shipped = shipped_configs()
+    width = max(map(len, shipped)) + 2
+    for name, path in shipped.items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        comment = [line.lstrip("#").strip() for line in itertools.takewhile(_is_comment, lines)]
+        print(f"{name:<{width}}" + shorten("\n".join(comment), LIST_WIDTH - width))
+
+
+def _is_comment(line: str) -> bool:
+    return line.startswith("#")
 
 
 LIST_WIDTH = 120  # `fedpcd list` lines are at most this long
@@ -185,6 +210,37 @@ def cmd_demo(args: argparse.Namespace) -> None:
     print(run_demo(root, args.overrides, progress=not args.quiet))
 
 
+def cmd_init(args: argparse.Namespace) -> None:
+    from fedpcd.config_input import shipped_configs
+    from fedpcd.utils import atomic_write_text, show_path
+
+    target = Path(args.dir) / INIT_FILE
+    if target.exists() or target.is_symlink():
+        raise UserError(
+            f"{show_path(target)} already exists; fedpcd init leaves it as it is (remove it, or give "
+            "another DIR)"
+        )
+    atomic_write_text(target, shipped_configs()["example"].read_text(encoding="utf-8"))
+    print(
+        f"wrote {show_path(target)}: every config key with its default; run it with: fedpcd run --config "
+        f"{show_path(target)}"
+    )
+
+
+def cmd_config_show(args: argparse.Namespace) -> None:
+    from fedpcd.config import config_yaml, load_config
+    from fedpcd.config_input import read_yaml
+
+    if args.config and "sweep" in read_yaml(args.config):  # every run of the grid, one YAML document each
+        from fedpcd.sweep import expand_sweep
+
+        configs = expand_sweep(args.config, args.overrides)
+        for i, config in enumerate(configs, 1):
+            print(f"--- # run {i} of {len(configs)}\n{config_yaml(config)}", end="")
+        return
+    print(config_yaml(load_config(args.config, args.overrides)), end="")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -198,10 +254,11 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedpcd", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fedpcd {__version__}")
+    _add_verbosity(parser, quiet_note="; run, demo: no progress bar")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment")
-    run.add_argument("--config", help="YAML config file")
+    run.add_argument("--config", help=CONFIG_HELP)
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run")
     run.add_argument(
         "--allow-config-change",
@@ -211,14 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --resume: go on although config.yaml changed these keys since the checkpoint (only "
         "rounds, engine.checkpoint_every, engine.threads, dataset.download)",
     )
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. partition.beta=0.1"
     )
     run.set_defaults(func=cmd_run)
 
     part = sub.add_parser("partition", help="build and describe a partition only")
-    part.add_argument("--config", help="YAML config file")
+    part.add_argument("--config", help=CONFIG_HELP)
     part.add_argument("--json", help="write partition.json here")
     part.add_argument("--plot", help="write a client x class heatmap PNG here")
     part.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
@@ -226,10 +282,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="a grid of runs from a sweep file (resumable)")
     sweep.add_argument(
-        "--config", required=True, help="config with a top-level 'sweep:' mapping of key -> list"
+        "--config",
+        required=True,
+        help="config with a top-level 'sweep:' mapping of key -> list: a file, or the name of a shipped one "
+        "(`fedpcd list configs`), e.g. repro/fednh-fmnist",
     )
     sweep.add_argument(
-        "--jobs", type=_positive_int, default=1, help="runs in parallel (processes; 1 torch thread each)"
+        "--jobs",
+        type=_positive_int,
+        metavar="N",
+        help="runs at once: worker processes with --launcher local (default 1: in this process); Ray: "
+        "default one per CPU of the cluster; Slurm: jobs queued or running (default all)",
+    )
+    sweep.add_argument(
+        "--launcher",
+        default="local",
+        metavar="{local,ray,slurm}",
+        help="where the runs execute: local (this machine), ray (a Ray cluster), slurm (Slurm jobs through "
+        'submitit); ray and slurm need pip install "fedpcd[cluster]"',
+    )
+    sweep.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="with --launcher ray: the address of a running Ray cluster (host:port; default RAY_ADDRESS, "
+        "else one is started on this machine for the sweep)",
+    )
+    sweep.add_argument(
+        "--slurm",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --launcher slurm, repeatable: partition=NAME, time=MINUTES per run (default 60), cpus=N, "
+        "mem=GB, gpus=N; cluster=local runs the jobs on this machine instead",
     )
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status only")
     sweep.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="applied to every run")
@@ -239,8 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("runs_dir", help="folder searched for run directories")
     report.add_argument(
         "--out",
-        help="write the report here: a folder (report.md, curves, partitions, cells.csv inside) or a .md "
-        "file (figures in the folder of the same name beside it)",
+        help="write the report here: a folder (report.md and its figures inside; cells.csv too for runs of "
+        "several methods and settings) or a .md file (figures in the folder of the same name beside it)",
     )
     report.add_argument(
         "--print",
@@ -286,22 +370,63 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(func=cmd_report)
 
-    lst = sub.add_parser("list", help="algorithms, datasets, partition schemes and models")
+    lst = sub.add_parser(
+        "list", help="algorithms, datasets, partition schemes and models; `list configs`: the shipped configs"
+    )
     lst.add_argument(
         "name",
         nargs="?",
         metavar="NAME",
         help="one algorithm, model, dataset or partition scheme: its paper, a one-line description and its "
-        "parameters with their types and defaults",
+        "parameters with their types and defaults; `configs`: the configs fedpcd ships, which --config takes "
+        "by name",
     )
     lst.set_defaults(func=cmd_list)
 
     demo = sub.add_parser("demo", help="a short comparison of methods on Fashion-MNIST P10C2")
     demo.add_argument("--out", help="folder for the demo's runs (default runs/demo-<time>)")
-    demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. rounds=2")
     demo.set_defaults(func=cmd_demo)
+
+    init = sub.add_parser("init", help=f"write {INIT_FILE}: every config key with its default, commented")
+    init.add_argument(
+        "dir", nargs="?", default=".", metavar="DIR", help="the folder to write it in (default: this one)"
+    )
+    init.set_defaults(func=cmd_init)
+
+    config = sub.add_parser("config", help="show the resolved config")
+    actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser(
+        "show",
+        help="print the resolved config as YAML: every key, defaults filled (a run's config.yaml); of a "
+        "sweep file, each run's config as a YAML document of its own",
+    )
+    show.add_argument("--config", help=f"{CONFIG_HELP} (default: none, every key at its default)")
+    show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. rounds=5")
+    show.set_defaults(func=cmd_config_show)
+
+    for name, command in [*((n, p) for n, p in sub.choices.items() if n != "config"), ("show", show)]:
+        _add_verbosity(command, "sub_", "; no progress bar" if name in ("run", "demo") else "")
     return parser
+
+
+CONFIG_HELP = "YAML config file, or the name of a shipped config (`fedpcd list configs`), e.g. example"
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, prefix: str = "", quiet_note: str = "") -> None:
+    """-v/--verbose and -q/--quiet, counted: before the command (``prefix`` "") and after it (``"sub_"``);
+    :func:`main` adds the two counts up."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        dest=f"{prefix}verbose",
+        help="more messages (repeatable)",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="count", default=0, dest=f"{prefix}quiet", help=f"fewer messages{quiet_note}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,8 +437,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    args.verbose += args.sub_verbose
+    args.quiet += args.sub_quiet  # run and demo: no progress bar
     try:
         with _terminate_as_interrupt():
+            from fedpcd import logs
+
+            logs.setup(args.verbose - args.quiet)
+            if getattr(args, "config", None):  # a file, else a shipped config's name
+                from fedpcd.config_input import config_path
+
+                args.config = config_path(args.config)
             args.func(args)
     except UserError as exc:
         print(f"fedpcd: error: {exc}", file=sys.stderr)
@@ -329,19 +463,16 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, _Terminated):
             return 128 + int(signal.SIGTERM)
         return 130 if isinstance(exc, KeyboardInterrupt) else int(signal.SIGTERM)
-    except MemoryError:
-        print(f"fedpcd: error: {_OUT_OF_MEMORY}", file=sys.stderr)
+    except (MemoryError, ImportError, RuntimeError, SystemError) as exc:  # memory ran out? else re-raised
+        line = out_of_memory_line(exc)
+        if line is None:
+            raise
+        print(f"fedpcd: error: {line}", file=sys.stderr)
         return 2
     except OSError as exc:  # one the commands did not turn into a line of their own
         print(f"fedpcd: error: {_os_error_line(exc, getattr(args, 'resume_hint', None))}", file=sys.stderr)
         return 2
     return 0
-
-
-_OUT_OF_MEMORY = (
-    "out of memory; free memory, or make the run smaller (fewer clients per round, a smaller "
-    "local.batch_size or model, engine.workers=1, fewer sweep --jobs)"
-)
 
 
 class _Terminated(KeyboardInterrupt):

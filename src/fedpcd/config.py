@@ -20,18 +20,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedpcd.config_input import check_values, merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import UserError, clip, short
-from fedpcd.params import LocalTraining, validate_params
+from fedpcd.params import LocalTraining, Section, validate_params
 
 MAX_THREADS = 1024  # engine.threads
 MAX_MODEL_PARAMS = 10**8  # weights of one model, for the largest built-in input (3x32x32, 100 classes)
 
 
-class _Strict(BaseModel):
+class _Strict(Section):
     # allow_inf_nan=False: lr=inf or a NaN anywhere is a bad value, not a run that diverges later
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class _Open(BaseModel):
+class _Open(Section):
     """A section whose extra keys are the named component's own parameters (checked in ``resolve``)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
@@ -42,23 +42,63 @@ class _Open(BaseModel):
 
 
 class DatasetConfig(_Strict):
-    name: str = "fmnist"
-    root: str | None = None
-    train_fraction: float = Field(1.0, gt=0.0, le=1.0)
-    download: bool = True
+    """The config section ``dataset``: which data, where its files are, how much of the training set."""
+
+    name: str = Field(
+        "fmnist",
+        description="A registered dataset (`fedpcd list` names them), e.g. fmnist, or hf:<owner>/<name>: a "
+        "Hugging Face dataset (needs fedpcd[hf]).",
+    )
+    root: str | None = Field(
+        None,
+        description="Folder searched first for the dataset's files; null: $FEDPCD_DATA, the system's "
+        "folders, the download cache.",
+    )
+    train_fraction: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of the training set used, in (0, 1]: a class-stratified subset drawn with the "
+        "seed; the test set is always whole.",
+    )
+    download: bool = Field(
+        True, description="Download missing files from their official source; false: never use the network."
+    )
+    image_column: str | None = Field(
+        None,
+        description="hf: datasets only: the column of images, where it is not the only Image feature or "
+        "named image / img; null: detected.",
+    )
+    label_column: str | None = Field(
+        None,
+        description="hf: datasets only: the column of class labels, where it is not the only ClassLabel or "
+        "named label / fine_label / labels; null: detected.",
+    )
 
 
 class PartitionConfig(_Open):
-    scheme: str = "pathological"
+    """The config section ``partition``: the scheme that splits the training set over the clients; its other
+    keys are the scheme's own parameters (``fedpcd list SCHEME``)."""
+
+    scheme: str = Field(
+        "pathological",
+        description="A registered partition scheme (`fedpcd list` names them), e.g. pathological, "
+        "dirichlet, iid.",
+    )
 
 
 class ModelConfig(_Open):
-    """``name``: one architecture for every client, or a list (client k uses ``name[k % len(name)]``, FedSSA's
-    model-heterogeneous zoo is ``[cnn1, cnn2, cnn3, cnn4, cnn5]``); ``clients``: per-client overrides
-    ``{client id: architecture}``. Extra keys are the architectures' own parameters (shared by all)."""
+    """The config section ``model``: the architecture of each client. Extra keys are the architectures' own
+    parameters (shared by all; ``fedpcd list MODEL``)."""
 
-    name: str | list[str] = "simplecnn"
-    clients: dict[int, str] = Field(default_factory=dict)
+    name: str | list[str] = Field(
+        "simplecnn",
+        description="A registered architecture for every client, or a list: client k uses "
+        "name[k % len(name)] (FedSSA's model zoo: [cnn1, cnn2, cnn3, cnn4, cnn5]).",
+    )
+    clients: dict[int, str] = Field(
+        default_factory=dict, description="Per-client architectures {client id: architecture}, over name."
+    )
 
     def architecture(self, client: int) -> str:
         """The architecture of client ``client``."""
@@ -85,11 +125,15 @@ class ModelConfig(_Open):
 
 
 class AlgorithmConfig(_Open):
-    """``name``: a registered algorithm; ``preset``: one of its named settings (``paper``, ``official``, ...;
-    ``fedpcd list NAME`` shows them), filled in by ``fedpcd.algorithms.presets.apply_preset`` wherever the
-    config does not set the key itself. Other keys are the algorithm's own parameters."""
+    """The config section ``algorithm``: ``name`` and the algorithm's own parameters (``fedpcd list NAME``),
+    and optionally ``preset``: one of its named settings (``paper``, ``official``, ...; ``fedpcd list NAME``
+    shows them), filled in by ``fedpcd.algorithms.presets.apply_preset`` wherever the config does not set the
+    key itself."""
 
-    name: str = "fedavg"
+    name: str = Field(
+        "fedavg",
+        description="A registered algorithm (`fedpcd list` names them), e.g. fedavg, fedgela, fednh.",
+    )
 
     @property
     def preset(self) -> str | None:
@@ -102,26 +146,44 @@ class AlgorithmConfig(_Open):
 
 
 class EngineConfig(_Strict):
-    # sequential: one client after another; vectorized: a round's clients at once where the algorithm allows
-    # (fedpcd.engine.vectorized; rounding-level differences); auto: sequential on this release
-    executor: Literal["auto", "sequential", "vectorized"] = "auto"
-    # processes training a round's clients (fedpcd.engine.pool): 1 = this process only; N; auto = the usable
-    # cores, capped by the clients per round and memory, 1 for a run too short to gain from more. Sequential
-    # runs give bitwise the same results for any value
-    workers: int | Literal["auto"] = Field("auto", union_mode="left_to_right")
-    threads: int | None = Field(None, ge=1, le=MAX_THREADS)
-    checkpoint_every: int = Field(1, ge=0)  # rounds between checkpoints; 0 disables them
-    # where tensors live: cpu | cuda | cuda:N | auto (cuda if available, else cpu). Default cpu: results stay
-    # those of the CPU runs on every machine, and not every algorithm is checked on CUDA yet.
-    device: str = "cpu"
-    # client states (personal parts): in memory, or one file per client under <output_dir>/client_states/
-    client_state: Literal["memory", "disk"] = "memory"
-    # a non-finite loss or weight from a client: "stop" the run with an error naming round, client and
-    # algorithm (everything written so far is kept), or "drop" that client's update for the round and go on
-    on_divergence: Literal["stop", "drop"] = "stop"
-    # the fewest clients whose updates a round aggregates; fewer (clients that raised, diverged and were
-    # dropped, or on Flower timed out) stop the run with an error
-    min_clients: int = Field(1, ge=1)
+    """The config section ``engine``: how the rounds are executed (none of it changes a sequential run's
+    numbers but ``device``)."""
+
+    executor: Literal["auto", "sequential", "vectorized"] = Field(
+        "auto",
+        description="sequential: one client after another; vectorized: a round's clients at once where the "
+        "algorithm allows (rounding-level differences); auto: sequential on this release.",
+    )
+    workers: int | Literal["auto"] = Field(
+        "auto",
+        union_mode="left_to_right",
+        description="Processes training a round's clients: 1 (this process only), N, or auto (the usable "
+        "cores, capped by the clients per round and memory); sequential runs give bitwise the same results "
+        "for any value.",
+    )
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="Torch threads per process; null: 1.")
+    checkpoint_every: int = Field(1, ge=0, description="Rounds between checkpoints (and the last); 0: none.")
+    device: str = Field(
+        "cpu",
+        description="Where tensors live: cpu, cuda, cuda:N or auto (cuda if available); cpu keeps the CPU "
+        "runs' results on every machine.",
+    )
+    client_state: Literal["memory", "disk"] = Field(
+        "memory",
+        description="Where client states (personal parts) live: memory, or disk (one file per client under "
+        "<output_dir>/client_states/).",
+    )
+    on_divergence: Literal["stop", "drop"] = Field(
+        "stop",
+        description="A non-finite loss or weight from a client: stop the run with an error naming round, "
+        "client and algorithm, or drop that client's update for the round and go on.",
+    )
+    min_clients: int = Field(
+        1,
+        ge=1,
+        description="The fewest client updates a round aggregates; fewer (clients that raised, diverged and "
+        "were dropped, or timed out on Flower) stop the run with an error.",
+    )
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -143,24 +205,46 @@ class EngineConfig(_Strict):
 
 
 class AggregationConfig(_Strict):
-    # the server's mean of the model updates: the algorithm's own (none), or a robust one for algorithms that
-    # aggregate as FedAvg does: the coordinate-wise median, or the trimmed mean dropping the `trim` fraction
-    # of largest and of smallest values per coordinate (Yin et al., ICML 2018); both unweighted
-    robust: Literal["none", "median", "trimmed_mean"] = "none"
-    trim: float = Field(0.1, ge=0.0, lt=0.5)
+    """The config section ``aggregation``: the server's mean of the model updates, the algorithm's own or a
+    robust one (Yin et al., ICML 2018) for algorithms that aggregate as FedAvg does."""
+
+    robust: Literal["none", "median", "trimmed_mean"] = Field(
+        "none",
+        description="none: the algorithm's own aggregation; median: the coordinate-wise median; "
+        "trimmed_mean: the coordinate-wise mean without the trim fraction of largest and of smallest values "
+        "(both unweighted).",
+    )
+    trim: float = Field(
+        0.1, ge=0.0, lt=0.5, description="With trimmed_mean: the fraction cut at each end, in [0, 0.5)."
+    )
 
 
 class TrackingConfig(_Strict):
     """Experiment trackers mirroring every metrics.jsonl row and the resolved config (``fedpcd.trackers``,
     docs/trackers.md; the extra ``fedpcd[trackers]``). By default all they write stays in the run directory:
-    W&B offline under ``wandb/``, MLflow in a file store ``mlruns/``."""
+    W&B offline under ``wandb/``, MLflow in a SQLite store ``mlflow.db``."""
 
-    loggers: list[Literal["csv", "tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
-    # the W&B project and the MLflow experiment
-    project: str = Field("fedpcd", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-    group: str | None = Field(None, min_length=1, max_length=128)  # W&B group, MLflow tag; a sweep: its name
-    wandb_mode: Literal["offline", "online"] = "offline"
-    mlflow_uri: str | None = Field(None, min_length=1)  # None: a file store at <output_dir>/mlruns
+    loggers: list[Literal["csv", "tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="Trackers mirroring the run: any of csv, tensorboard, wandb, mlflow (a name or a list).",
+    )
+    project: str = Field(
+        "fedpcd",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="The W&B project and the MLflow experiment (letters, digits, '.', '_', '-').",
+    )
+    group: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="The W&B group and MLflow tag 'group'; a sweep's runs get the sweep's name.",
+    )
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="offline: W&B writes under <output_dir>/wandb only; online: it syncs."
+    )
+    mlflow_uri: str | None = Field(
+        None, min_length=1, description="MLflow tracking URI; null: a SQLite store <output_dir>/mlflow.db."
+    )
 
     @field_validator("loggers", mode="before")
     @classmethod
@@ -176,20 +260,35 @@ class TrackingConfig(_Strict):
 
 
 class SecAggConfig(_Strict):
-    """SecAgg+ on the Flower backend (``fedpcd.flower.secagg``; Flower's ``SecAggPlusWorkflow`` parameters).
+    """The config section ``privacy.secagg``: SecAgg+ on the Flower backend (``fedpcd.flower.secagg``;
+    Flower's ``SecAggPlusWorkflow`` parameters)."""
 
-    ``num_shares``: shares of each client's secret (a float: that fraction of the round's clients);
-    ``reconstruction_threshold``: shares needed to rebuild a secret (a float: that fraction of the shares);
-    ``clipping_range``: model values are clipped to [-r, r] before quantization; ``quantization_range``:
-    levels of the quantization; ``modulus_range``: the masks' modulus (a power of 2, at most 2**32);
-    ``max_weight``: the largest client weight (sample count); null: the largest client's training set."""
-
-    num_shares: float = Field(1.0, gt=0.0)
-    reconstruction_threshold: float = Field(0.5, gt=0.0)
-    clipping_range: float = Field(8.0, gt=0.0, le=1e6)
-    quantization_range: int = Field(2**22, ge=2)
-    modulus_range: int = Field(2**32, ge=4, le=2**32)
-    max_weight: float | None = Field(None, gt=0.0)
+    num_shares: float = Field(
+        1.0,
+        gt=0.0,
+        description="Shares of each client's secret: a count (at least 3), or a fraction <= 1 of the round's "
+        "clients.",
+    )
+    reconstruction_threshold: float = Field(
+        0.5,
+        gt=0.0,
+        description="Shares needed to rebuild a secret: a count below num_shares, or a fraction <= 1 of "
+        "the shares.",
+    )
+    clipping_range: float = Field(
+        8.0, gt=0.0, le=1e6, description="Model values are clipped to [-r, r] before quantization."
+    )
+    quantization_range: int = Field(
+        2**22, ge=2, description="Levels of the quantization; less than modulus_range."
+    )
+    modulus_range: int = Field(
+        2**32, ge=4, le=2**32, description="The masks' modulus: a power of 2, at most 2**32."
+    )
+    max_weight: float | None = Field(
+        None,
+        gt=0.0,
+        description="The largest client weight (sample count); null: the largest client's training set.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SecAggConfig:
@@ -212,17 +311,30 @@ class SecAggConfig(_Strict):
 
 
 class PrivacyConfig(_Strict):
-    """Differential privacy with fixed clipping on every backend (``fedpcd.engine.privacy``): each client's
-    model update clipped to L2 norm ``clip`` (on the ``client`` or the ``server``), Gaussian noise of std
-    ``noise_multiplier * clip / m`` on the aggregate of m updates. ``clip: null`` (default): off.
-    ``delta``: the delta at which each evaluated round reports ``dp_epsilon`` (docs/privacy.md).
-    ``secagg``: SecAgg+ secure aggregation on the Flower backend (``true`` for the defaults; null: off)."""
+    """The config section ``privacy``: differential privacy with fixed clipping on every backend
+    (``fedpcd.engine.privacy``, docs/privacy.md): each client's model update clipped to L2 norm ``clip``,
+    Gaussian noise of std ``noise_multiplier * clip / m`` on the aggregate of m updates; and SecAgg+."""
 
-    clip: float | None = Field(None, gt=0.0, le=1e6)
-    noise_multiplier: float = Field(0.0, ge=0.0, le=1e6)
-    delta: float = Field(1e-5, gt=0.0, lt=1.0)
-    clipping: Literal["client", "server"] = "client"
-    secagg: SecAggConfig | None = None
+    clip: float | None = Field(
+        None, gt=0.0, le=1e6, description="L2 norm each client's model update is clipped to; null: DP off."
+    )
+    noise_multiplier: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e6,
+        description="Noise std over clip / m on the aggregate of m updates; > 0 needs clip.",
+    )
+    delta: float = Field(
+        1e-5, gt=0.0, lt=1.0, description="The delta at which each evaluated round reports dp_epsilon."
+    )
+    clipping: Literal["client", "server"] = Field(
+        "client", description="Where updates are clipped: on each client, or on the server (not with secagg)."
+    )
+    secagg: SecAggConfig | None = Field(
+        None,
+        description="SecAgg+ secure aggregation on the Flower backend: a mapping of its settings, true for "
+        "the defaults, null: off.",
+    )
 
     @field_validator("secagg", mode="before")
     @classmethod
@@ -244,32 +356,90 @@ class PrivacyConfig(_Strict):
 
 
 class Config(_Strict):
-    seed: int = Field(0, ge=0)
-    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
-    partition: PartitionConfig = Field(
-        default_factory=lambda: PartitionConfig(scheme="pathological", classes_per_client=2)
+    """An experiment: every key of a config file, typed and checked, with its default.
+
+    Every key is optional. Build one with `load_config` (a YAML file and dotted overrides), which also fills
+    in the chosen partition scheme's, model's and algorithm's own parameters; `to_dict()` is the resolved
+    mapping a run writes as its config.yaml. Its keys are listed below, each section's in `help()` of its
+    class (e.g. `help(fedpcd.config.EngineConfig)`); `fedpcd list NAME` shows a component's own parameters.
+
+    Example:
+        ```python
+        config = load_config("configs/example.yaml", ["rounds=5", "partition.scheme=dirichlet"])
+        config.partition.params()  # {'beta': 0.5, 'min_size': 10, ...}: the scheme's parameters, filled
+        ```
+    """
+
+    seed: int = Field(
+        0,
+        ge=0,
+        description="Seed of every random draw (partition, initial weights, client sampling, batches): the "
+        "same config and seed give the same run.",
     )
-    clients: int = Field(10, ge=1)
-    participation: float = Field(1.0, gt=0.0, le=1.0)
-    rounds: int = Field(20, ge=1)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    local: LocalTraining = Field(default_factory=LocalTraining)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    eval_every: int = Field(1, ge=1)
-    # personal models on the full test set (PA-split, PA-L, PA-V, PA-G) or on each client's local split only
-    # (PA-split alone, the FedGELA / FedSSA protocol; far cheaper for many clients or large models)
-    personal_test: Literal["full", "split"] = "full"
-    # with personal_test full: the full test set (PA-L, PA-V, PA-G; a pass as costly as local training) every
-    # this many evaluated rounds and in the last, each client's split (PA-split) in the others
-    personal_full_every: int = Field(5, ge=1)
-    backend: Literal["local", "flower"] = "local"
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
-    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    output_dir: str = "runs/example"
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="The data (section dataset).")
+    partition: PartitionConfig = Field(
+        default_factory=lambda: PartitionConfig(scheme="pathological", classes_per_client=2),
+        description="How the training set is split over the clients: the scheme and its own parameters.",
+    )
+    clients: int = Field(10, ge=1, description="Number of clients in the federation.")
+    participation: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of the clients sampled each round, in (0, 1]: round(participation * clients), "
+        "at least 1.",
+    )
+    rounds: int = Field(20, ge=1, description="Number of communication rounds.")
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="The architecture of each client and its own parameters."
+    )
+    local: LocalTraining = Field(
+        default_factory=LocalTraining, description="Local training: epochs, batch size, SGD settings."
+    )
+    algorithm: AlgorithmConfig = Field(
+        default_factory=AlgorithmConfig,
+        description="The federated method: its name, an optional preset and its own parameters.",
+    )
+    eval_every: int = Field(
+        1, ge=1, description="Evaluate (a metrics.jsonl record) every this many rounds, and in the last."
+    )
+    personal_test: Literal["full", "split"] = Field(
+        "full",
+        description="Personal models tested on the full test set too (full: PA-L, PA-V, PA-G besides "
+        "PA-split) or on each client's local split only (split: PA-split alone, the FedGELA / FedSSA "
+        "protocol; far cheaper for many clients or large models).",
+    )
+    personal_full_every: int = Field(
+        5,
+        ge=1,
+        description="With personal_test full: the full test set (a pass as costly as local training) every "
+        "this many evaluated rounds and in the last, each client's split (PA-split) in the others.",
+    )
+    backend: Literal["local", "flower"] = Field(
+        "local", description="local: the in-process simulator; flower: the same rounds on Flower."
+    )
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description="How rounds are executed: executor, workers, threads, checkpoints, device, failures.",
+    )
+    aggregation: AggregationConfig = Field(
+        default_factory=AggregationConfig, description="The server's mean of the updates: own or robust."
+    )
+    privacy: PrivacyConfig = Field(
+        default_factory=PrivacyConfig, description="Differential privacy and SecAgg+ (off by default)."
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig,
+        description="Experiment trackers mirroring metrics.jsonl (none by default).",
+    )
+    output_dir: str = Field(
+        "runs/example",
+        description="The run directory (config.yaml, metrics.jsonl, summary.json, checkpoint/); a sweep's "
+        "runs go in folders below it.",
+    )
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain data (JSON types): what the run's config.yaml holds."""
         return self.model_dump(mode="json")
 
 
@@ -310,7 +480,24 @@ def apply_overrides(raw: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (or defaults), apply dotted overrides, validate and resolve."""
+    """Read a YAML config (or the defaults), apply dotted overrides, validate and resolve it.
+
+    Resolving fills in the chosen partition scheme's, model's and algorithm's own parameters (checked
+    against their declarations) and the preset's keys; an override that switches the scheme, model or
+    algorithm drops the file's other keys of that section.
+
+    Args:
+        path: A YAML config file; None: every default.
+        overrides: ``KEY=VALUE`` items with dotted keys, values read as YAML (``["partition.beta=0.1",
+            "rounds=5"]``), as on the command line.
+
+    Returns:
+        The resolved config, every key filled.
+
+    Raises:
+        UserError: A missing or invalid file, an unknown key or name, a bad value: one line naming it and
+            the valid choices.
+    """
     raw = read_yaml(path) if path is not None else {}
     return config_from_dict(apply_overrides(raw, parse_overrides(overrides or [])))
 
@@ -462,18 +649,23 @@ def dump_config(config: Config, path: str | Path) -> None:
 # keys whose default changed after runs were archived: a run directory's config.yaml without the key was made
 # with this value (what its resume and its checkpoint's config hash use)
 LEGACY_DEFAULTS: dict[str, Any] = {"personal_full_every": 1}
+HF_COLUMNS = ("image_column", "label_column")  # dataset keys added after runs were archived
 
 
 def run_setting(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict (config.yaml's) without what does not change a run's numbers: ``output_dir``,
     ``tracking``, ``engine.workers``, and what runs made before a key existed did not have: ``privacy`` and
-    ``aggregation`` while they are off, ``personal_full_every`` at 1 (see :data:`LEGACY_DEFAULTS`)."""
+    ``aggregation`` while they are off, ``personal_full_every`` at 1 (see :data:`LEGACY_DEFAULTS`), the
+    dataset's ``HF_COLUMNS`` at null."""
     data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking")}
     if isinstance(data.get("engine"), dict):
         data["engine"] = {k: v for k, v in data["engine"].items() if k != "workers"}
     for key, value in LEGACY_DEFAULTS.items():
         if data.get(key) == value:
             del data[key]
+    dataset = data.get("dataset")
+    if isinstance(dataset, dict):  # the Hugging Face columns at null (detected): as before they existed
+        data["dataset"] = {k: v for k, v in dataset.items() if not (k in HF_COLUMNS and v is None)}
     if data.get("aggregation") == AggregationConfig().model_dump(mode="json"):  # off: as before it existed
         del data["aggregation"]
     privacy = data.get("privacy")

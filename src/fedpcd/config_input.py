@@ -7,6 +7,9 @@ parsed: a config file of at most ``MAX_CONFIG_BYTES``, lists and mappings of at 
 (refused as the parser meets the entry past the bound, so a huge list costs milliseconds, not minutes). An
 override's value is a YAML scalar or list; every value of the merged tree must be finite, fit 64-bit
 integers or float32 (what tensors hold) and hold no NUL character. Problems are one-line UserErrors.
+
+``--config`` also takes the name of a config the package ships (:func:`config_path`): ``example``,
+``paper/fedgela-cifar10-full``, ``headline/fedsc-fmnist``; the repository's ``configs/`` links to that folder.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import yaml
 
 from fedpcd.errors import UserError, clip, short
+from fedpcd.utils import show_path
 
 MAX_DEPTH = 32  # nesting levels of a config (YAML file, override value, or the merged tree)
 MAX_CONFIG_BYTES = 256 * 1024  # a config or sweep file (the shipped ones are under 5 KB)
@@ -27,7 +31,7 @@ _MERGE = "tag:yaml.org,2002:merge"  # the '<<' key
 _INT64 = 2**63
 
 
-class _Refused(Exception):
+class YamlRefused(Exception):
     """YAML that the config loader refuses (aliases, deep nesting, unreadable numbers)."""
 
 
@@ -44,20 +48,20 @@ class _ConfigLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             if event.anchor in self.anchors:  # an undefined alias stays a YAML error
-                raise _Refused(
+                raise YamlRefused(
                     f"uses the YAML alias *{clip(event.anchor, 40)} "
                     f"(line {event.start_mark.line + 1}); aliases are not allowed in configs: write it out"
                 )
         if parent is not None and len(parent.value) >= MAX_ITEMS:
             line = parent.start_mark.line + 1
-            raise _Refused(
+            raise YamlRefused(
                 f"has a list or mapping of more than {MAX_ITEMS} entries (line {line}); a config holds "
                 "settings, not data: put data in a file"
             )
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise _Refused(f"is nested more than {MAX_DEPTH} levels deep")
+                raise YamlRefused(f"is nested more than {MAX_DEPTH} levels deep")
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -76,18 +80,18 @@ class _ConfigLoader(yaml.SafeLoader):
                     break
                 if first is not None:
                     where = f"line {line}" if first == line else f"lines {first} and {line}"
-                    raise _Refused(f"gives the key {short(key)} twice ({where}); keep one of them")
+                    raise YamlRefused(f"gives the key {short(key)} twice ({where}); keep one of them")
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
 
 def load_yaml(text: str) -> Any:
-    """YAML text as plain data, without aliases or deep nesting (those raise ``_Refused``)."""
+    """YAML text as plain data, without aliases or deep nesting (those raise ``YamlRefused``)."""
     loader = _ConfigLoader(text)
     try:
         return loader.get_single_data()
     except (ValueError, OverflowError) as exc:  # e.g. an integer of more than 4300 digits
-        raise _Refused(f"holds a value that cannot be read ({clip(str(exc), 60)})") from None
+        raise YamlRefused(f"holds a value that cannot be read ({clip(str(exc), 60)})") from None
     finally:
         loader.dispose()
 
@@ -105,7 +109,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             value = load_yaml(raw) if raw else None
         except yaml.YAMLError:
             value = raw
-        except _Refused as exc:
+        except YamlRefused as exc:
             raise UserError(f"override '{clip(key)}' {exc}") from None
         node = tree
         *parents, leaf = key.split(".")
@@ -126,6 +130,35 @@ def merge_dicts(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The configs the package ships, by name: the path below its ``configs`` folder without ``.yaml``
+    (``example``, ``paper/fedgela-cifar10-full``), sorted."""
+    from importlib import resources
+
+    folder = Path(str(resources.files("fedpcd") / "configs"))  # installed as files (a wheel or a checkout)
+    return dict(sorted((p.relative_to(folder).with_suffix("").as_posix(), p) for p in folder.rglob("*.yaml")))
+
+
+def config_path(value: str) -> str:
+    """The file that ``--config VALUE`` names: ``value`` itself where anything but a folder exists there, else
+    the shipped config of that name (``.yaml`` optional); neither: a one-line UserError."""
+    here = Path(value)
+    if (here.exists() or here.is_symlink()) and not here.is_dir():
+        return value
+    shipped = shipped_configs()
+    name = value.removesuffix(".yaml")
+    if name in shipped:
+        return str(shipped[name])
+    tail = name.rsplit("configs/", 1)[-1]  # configs/example.yaml outside a clone: the shipped example
+    if tail != name and tail in shipped:
+        raise UserError(f"config file not found: {show_path(value)}; the package ships it as --config {tail}")
+    if here.is_dir():
+        problem = f"--config {show_path(value)} is a folder, not a config file"
+    else:
+        problem = f"config file not found: {show_path(value)}"
+    raise UserError(f"{problem}; no shipped config has that name either (`fedpcd list configs` shows them)")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -152,7 +185,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"config file {p} is not valid YAML{where}") from None
-    except _Refused as exc:
+    except YamlRefused as exc:
         raise UserError(f"config file {p} {exc}") from None
     if tree is None:
         return {}

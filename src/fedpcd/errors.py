@@ -10,12 +10,28 @@ _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 2, 6, 6
 
 
 def clip(text: str, limit: int = 80) -> str:
-    """``text`` cut to at most ``limit`` characters, ending in an ellipsis where it was cut."""
+    """Cut ``text`` to at most ``limit`` characters.
+
+    Args:
+        text: Any text.
+        limit: The most characters kept.
+
+    Returns:
+        ``text`` itself if it fits, else its start ending in ``...``.
+    """
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def short(value: object, limit: int = 80) -> str:
-    """``repr(value)`` clipped to ``limit`` characters (:func:`clip`), never building the whole repr."""
+    """A value's ``repr`` for an error message, never building the whole repr of a huge value.
+
+    Args:
+        value: Any value.
+        limit: The most characters kept (``clip``).
+
+    Returns:
+        The (abbreviated) repr, at most ``limit`` characters.
+    """
     try:
         text = _REPR.repr(value)
     except ValueError:  # an integer with more digits than Python converts to text
@@ -24,11 +40,24 @@ def short(value: object, limit: int = 80) -> str:
 
 
 class UserError(Exception):
-    """A problem with the user's input (config, names, data files): one clear line, no traceback."""
+    """A problem with the user's input (config, names, data files): one clear line, no traceback.
+
+    Its message names the problem and the valid choices; the command line prints it as one line on stderr
+    and exits with code 2, the Python API raises it.
+    """
 
 
 def choices(kind: str, name: object, valid: list[str] | tuple[str, ...]) -> UserError:
-    """The standard 'unknown X' error naming the valid choices."""
+    """The standard 'unknown X' error naming the valid choices.
+
+    Args:
+        kind: What was asked for, e.g. ``algorithm``.
+        name: The unknown name given.
+        valid: The valid names.
+
+    Returns:
+        The error (to raise): ``unknown algorithm 'x'; valid choices: a, b``.
+    """
     return UserError(f"unknown {kind} {short(name)}; valid choices: {', '.join(sorted(valid))}")
 
 
@@ -36,7 +65,8 @@ class DivergenceError(UserError):
     """Training produced a non-finite loss or weight (a user error: the fix is in the config, e.g. local.lr).
 
     Raised by the engine's divergence guard with the round, the client(s) and the algorithm; the run
-    directory keeps every round written before it."""
+    directory keeps every round written before it.
+    """
 
 
 class RunInUseError(UserError):

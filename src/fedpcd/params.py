@@ -296,16 +296,52 @@ def type_text(annotation: Any) -> str:
     return ", or ".join(words)
 
 
-class LocalTraining(BaseModel):
+def param_description(annotation: Any) -> str:
+    """The ``description`` of a ``Field`` inside ``Annotated``, around the annotation or one member of its
+    union (``Annotated[int, Field(description=...)] | None``); ``""`` where none is declared."""
+    inner, meta = _unpack(annotation)
+    for member in _members(inner):
+        meta = meta + _unpack(member)[1]
+    return next((m.description for m in meta if isinstance(m, FieldInfo) and m.description), "")
+
+
+def field_type(info: FieldInfo) -> str:
+    """A config field's type as ``type_text`` writes it, bounds included (``int >= 1``)."""
+    return type_text(Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation)
+
+
+class Section(BaseModel):
+    """A config section. Its docstring gets an ``Attributes:`` part listing each field with its type, default
+    and ``Field(description=...)``, so ``help()`` on a section shows its keys."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        lines = []
+        for name, info in cls.model_fields.items():
+            default = "" if info.default_factory or info.is_required() else f" Default: {info.default!r}."
+            lines.append(f"    {name} ({field_type(info)}): {info.description}{default}")
+        if lines:
+            cls.__doc__ = inspect.cleandoc(cls.__doc__ or "") + "\n\nAttributes:\n" + "\n".join(lines)
+
+
+class LocalTraining(Section):
     """Local optimisation settings shared by all algorithms: the config section ``local``, one schema for
     the config file and the algorithms (``Context.local``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    epochs: int = Field(1, ge=1)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(0.01, gt=0.0)
-    lr_decay: float = Field(1.0, gt=0.0, le=1.0)  # lr in round r = lr * lr_decay^(r-1) (FedNH: 0.99)
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    weight_decay: float = Field(1.0e-5, ge=0.0)
-    grad_clip: float | None = Field(None, gt=0.0)
+    epochs: int = Field(1, ge=1, description="Passes over its training data each client makes per round.")
+    batch_size: int = Field(64, ge=1, description="Mini-batch size of local SGD.")
+    lr: float = Field(0.01, gt=0.0, description="Learning rate of local SGD (in round 1; see lr_decay).")
+    lr_decay: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Learning rate in round r: lr * lr_decay^(r-1) (FedNH: 0.99; 1: constant).",
+    )
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum, in [0, 1).")
+    weight_decay: float = Field(1.0e-5, ge=0.0, description="SGD weight decay (L2 penalty).")
+    grad_clip: float | None = Field(
+        None, gt=0.0, description="Clip each step's gradient to this L2 norm; null: no clipping."
+    )

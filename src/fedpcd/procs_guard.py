@@ -1,21 +1,33 @@
-"""Child processes that die with their parent (a sweep's pool workers, a run's worker pool).
+"""Guards of a fedpcd process: child processes that end with their parent, and the one line for a process
+that ran out of memory.
 
 A worker started by ``fedpcd sweep --jobs N`` calls :func:`die_with_parent` first (the pool's initializer):
 on Linux the kernel sends it SIGKILL when its parent ends, however it ends (``kill -9`` included:
 ``prctl(PR_SET_PDEATHSIG)``); elsewhere a daemon thread polls the parent's pid and ends the worker once it
 changed. Either way a killed sweep leaves no worker running queued runs, and once the workers are gone the
-pool's resource tracker (which exits when the last holder of its pipe does) goes too.
+pool's resource tracker (which exits when the last holder of its pipe does) goes too. A process told the pid
+of another one to end with (the Flower worker's ``--parent-pid``) polls it with the same thread:
+:func:`exit_when_gone`.
+
+:func:`out_of_memory_line` tells a failure for lack of memory (a MemoryError, an OSError ENOMEM, a shared
+library such as torch's that could not be mapped under ``ulimit -v``) from other errors, so that the command
+line says so in one line instead of a traceback.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import errno
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+
+try:  # at import, not when memory has run out (it is a shared library)
+    import resource
+except ImportError:  # not on Unix
+    resource = None  # type: ignore[assignment]
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 POLL_S = 1.0  # the watchdog's polling interval where there is no parent-death signal
@@ -25,6 +37,9 @@ def _parent_death_signal() -> bool:
     """Ask the kernel for SIGKILL when the parent ends (Linux); False where that is not available."""
     if not sys.platform.startswith("linux"):
         return False
+    import ctypes  # here: the command line imports this module at start, before it needs ctypes
+    import ctypes.util
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
@@ -32,17 +47,96 @@ def _parent_death_signal() -> bool:
         return False
 
 
-def _watch(parent: int) -> None:
-    """End this process once its parent is no longer ``parent`` (it died: the child was re-parented)."""
-    while os.getppid() == parent:
-        time.sleep(POLL_S)
-    os._exit(1)
+def _watch(holds: Callable[[], bool], status: int, poll: float) -> None:
+    """End this process with exit ``status`` once ``holds()`` is false, as a daemon thread checks every
+    ``poll`` seconds."""
+
+    def loop() -> None:
+        while holds():
+            time.sleep(poll)
+        os._exit(status)
+
+    threading.Thread(target=loop, name="fedpcd-parent-watch", daemon=True).start()
 
 
 def die_with_parent(parent: int) -> None:
     """Make this process end when its parent (pid ``parent``, as the parent saw itself) ends; a parent that
     is already gone ends it at once."""
     if not _parent_death_signal():
-        threading.Thread(target=_watch, args=(parent,), name="fedpcd-parent-watch", daemon=True).start()
+        _watch(lambda: os.getppid() == parent, 1, POLL_S)  # re-parented: the parent died
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(1)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        pass
+    return True
+
+
+def exit_when_gone(pid: int, poll: float = 0.5) -> None:
+    """Exit (status 0) once process ``pid`` (any process, not only this one's parent) has ended, as a daemon
+    thread finds every ``poll`` seconds; one that is already gone ends this process within ``poll``."""
+    _watch(lambda: _exists(pid), 0, poll)
+
+
+_LIBRARY_NOT_MAPPED = "failed to map segment from shared object"  # dlopen's mmap failed (ENOMEM or EPERM)
+_NO_MEMORY_TEXTS = ("cannot allocate memory", "can't allocate memory")  # strerror(ENOMEM); torch's allocator
+_SMALLER_RUN = (
+    "make the run smaller (fewer clients per round, a smaller local.batch_size or model, engine.workers=1, "
+    "fewer sweep --jobs)"
+)
+
+
+def _address_space_limit() -> int | None:
+    """The lower of this process's address-space and data limits (``ulimit -v``, ``-d``) in bytes, or None."""
+    if resource is None:
+        return None
+    limits = [resource.getrlimit(r)[0] for r in (resource.RLIMIT_AS, resource.RLIMIT_DATA)]
+    finite = [lim for lim in limits if lim != resource.RLIM_INFINITY]
+    return min(finite) if finite else None
+
+
+def _lack_of_memory(exc: BaseException, limited: bool) -> bool:
+    """Whether this one exception says memory ran out (under an address-space limit if ``limited``)."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOMEM
+    if not isinstance(exc, (ImportError, RuntimeError, SystemError)):
+        return False
+    text = str(exc).lower()
+    if any(t in text for t in _NO_MEMORY_TEXTS):
+        return True
+    # without a limit, a library that cannot be mapped is more likely on a noexec mount; an import that
+    # fails without an exception (SystemError) is CPython's allocator failing inside the import machinery
+    return limited and (_LIBRARY_NOT_MAPPED in text or isinstance(exc, SystemError))
+
+
+def out_of_memory_line(exc: BaseException) -> str | None:
+    """One line saying memory ran out when ``exc`` or an exception it came from (``__cause__``,
+    ``__context__``) means so, else None: a MemoryError, an OSError ENOMEM, an ImportError of a shared
+    library that could not be mapped into memory, torch's "can't allocate memory"."""
+    limit = _address_space_limit()
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if _lack_of_memory(current, limit is not None):
+            break
+        todo += [current.__cause__, current.__context__]
+    else:
+        return None
+    if limit is None:
+        return f"out of memory; free memory, or {_SMALLER_RUN}"
+    return (
+        f"out of memory: this process may use at most {limit / 2**20:.0f} MiB of address space (ulimit -v or "
+        f"-d); raise that limit, or {_SMALLER_RUN}"
+    )

@@ -1,6 +1,6 @@
 """Name -> object registries for datasets, partitioners, models and algorithms.
 
-Each registry also holds the plugins of its entry-point group (``PLUGIN_GROUPS``, docs/plugins.md): an
+Each registry also holds the plugins of its entry-point group (`PLUGIN_GROUPS`, docs/plugins.md): an
 entry point names a module (or an object in one) whose import registers classes. A registry imports its
 plugins once, the first time it is queried, after its built-ins; so every process that looks a name up
 (the CLI, sweep workers, Flower nodes) sees the same plugins.
@@ -42,7 +42,12 @@ def _load_error(ep: EntryPoint, err: BaseException) -> UserError:
 
 
 class Registry(Generic[T]):
-    """A small named registry whose lookups fail with the list of valid names."""
+    """A small named registry whose lookups fail with the list of valid names.
+
+    Args:
+        kind: What it registers, as its messages name it: "algorithm", "model", "dataset" and "partition
+            scheme" (the kinds of `PLUGIN_GROUPS`, whose lookups load the plugins first), or another.
+    """
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -51,6 +56,15 @@ class Registry(Generic[T]):
         self._plugin_error: UserError | None = None
 
     def register(self, name: str) -> Callable[[T], T]:
+        """A decorator that registers the class or function it decorates as `name` and returns it unchanged.
+
+        Args:
+            name: The name that configs and `fedpcd list` use.
+
+        Returns:
+            The decorator; applied to a second object of the same name, it raises `ValueError`.
+        """
+
         def decorator(obj: T) -> T:
             if name in self._items:
                 taken = getattr(self._items[name], "__module__", "another module")
@@ -79,18 +93,45 @@ class Registry(Generic[T]):
             raise self._plugin_error
 
     def unregister(self, name: str) -> T:
-        """Remove ``name`` (e.g. a test's temporary registration) and return its object."""
+        """Remove a registration (e.g. a test's temporary one).
+
+        Args:
+            name: A registered name.
+
+        Returns:
+            The object that was registered as `name`.
+
+        Raises:
+            UserError: `name` is not registered (the message lists the registered names).
+        """
         if name not in self._items:
             raise choices(self.kind, name, list(self._items))
         return self._items.pop(name)
 
     def get(self, name: str) -> T:
+        """The object registered as `name`, the plugins loaded first.
+
+        Args:
+            name: A registered name.
+
+        Returns:
+            The registered class or function.
+
+        Raises:
+            UserError: `name` is not registered (the message lists the registered names), or a plugin failed
+                to load (the message names it and its error).
+        """
         self._load_plugins()
         if name not in self._items:
             raise choices(self.kind, name, list(self._items))
         return self._items[name]
 
     def names(self) -> list[str]:
+        """Every registered name, plugins included, sorted.
+
+        Raises:
+            UserError: A plugin failed to load (the message names it and its error).
+        """
         self._load_plugins()
         return sorted(self._items)
 

@@ -1,12 +1,12 @@
 """What a run directory holds, named once (docs/design.md sections 5 and 6): its files and its metrics.
 
-:class:`RunFiles` is the only code that knows the run directory's file names; the engine's
-:class:`fedpcd.engine.rundir.RunDir` (writing, locking, checkpoints) extends it, and the readers of runs
-(``fedpcd report``, ``fedpcd sweep``, the CLI's summary table) use it directly. :data:`METRICS` is the one
-table of the accuracies every consumer shows: their keys in ``metrics.jsonl`` and ``summary.json`` (kept as
-archived runs have them), their labels and what each measures.
+[`RunFiles`][fedpcd.run_format.RunFiles] is the only code that knows the run directory's file names; the
+engine's `fedpcd.engine.rundir.RunDir` (writing, locking, checkpoints) extends it, and the readers of runs
+(`fedpcd report`, `fedpcd sweep`, the CLI's summary table) use it directly. `METRICS` is the one table of
+the accuracies every consumer shows, each a [`Metric`][fedpcd.run_format.Metric]: their keys in
+`metrics.jsonl` and `summary.json` (kept as archived runs have them), their labels and what each measures.
 
-No torch here: the report, the sweep and ``fedpcd --help`` start without loading it.
+No torch here: the report, the sweep and `fedpcd --help` start without loading it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ from typing import Any
 
 
 class RunFiles:
-    """The paths of one run directory's files (nothing is read or written here)."""
+    """The paths of one run directory's files (nothing is read or written here).
+
+    Args:
+        path: The run directory.
+    """
 
     _CONFIG = "config.yaml"
     _PARTITION = "partition.json"
@@ -28,11 +32,12 @@ class RunFiles:
     _CHECKPOINT = "state.pt"
     _CLIENT_STATES = "client_states"
     _LOCK = ".lock"
+    _RUN_LOG = "run.log"
     _TRACKERS = "trackers.json"
     _METRICS_CSV = "metrics.csv"
     _TENSORBOARD = "tensorboard"
     _WANDB = "wandb"
-    _MLRUNS = "mlruns"
+    _MLFLOW_DB = "mlflow.db"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -84,6 +89,11 @@ class RunFiles:
         return self.path / self._LOCK
 
     @property
+    def run_log(self) -> Path:
+        """``run.log``: the log of every process that ran the run, appended to (``fedpcd.logs.run_log``)."""
+        return self.path / self._RUN_LOG
+
+    @property
     def trackers(self) -> Path:
         """``trackers.json``: the experiment trackers' run ids and the last round each logged
         (``fedpcd.trackers``)."""
@@ -105,16 +115,17 @@ class RunFiles:
         return self.path / self._WANDB
 
     @property
-    def mlruns(self) -> Path:
-        """``mlruns/``: the default MLflow file store (``tracking.loggers: [mlflow]``)."""
-        return self.path / self._MLRUNS
+    def mlflow_db(self) -> Path:
+        """``mlflow.db``: the default MLflow store, SQLite (``tracking.loggers: [mlflow]``)."""
+        return self.path / self._MLFLOW_DB
 
     def markers(self) -> tuple[Path, ...]:
         """The files whose presence means the folder holds (part of) a run."""
         return (self.metrics, self.summary, self.checkpoint)
 
     def written(self) -> tuple[Path, ...]:
-        """Every file and folder a run writes (but the lock)."""
+        """Every file and folder a run writes (but the lock and run.log, which a run that stopped before its
+        first files leaves too)."""
         return (
             self.config,
             self.partition,
@@ -127,12 +138,12 @@ class RunFiles:
             self.metrics_csv,
             self.tensorboard,
             self.wandb,
-            self.mlruns,
+            self.mlflow_db,
         )
 
     def entries(self) -> tuple[Path, ...]:
-        """Every entry a run writes through, lock included: none may be a symbolic link."""
-        return (self.lock_file, *self.written(), self.checkpoint)
+        """Every entry a run writes through, lock and run.log included: none may be a symbolic link."""
+        return (self.lock_file, self.run_log, *self.written(), self.checkpoint)
 
     def holds_run(self) -> bool:
         """Whether the folder holds (part of) a run: metrics, a summary or a checkpoint."""
@@ -140,12 +151,26 @@ class RunFiles:
 
     @classmethod
     def finished_below(cls, root: str | Path) -> list[RunFiles]:
-        """Every run folder below ``root`` with a summary, in the sorted order of their summary paths."""
+        """Every finished run below a folder: the run folders with a summary.
+
+        Args:
+            root: The folder to search, at any depth.
+
+        Returns:
+            Their files, in the sorted order of their summary paths.
+        """
         return [cls(p.parent) for p in sorted(Path(root).rglob(cls._SUMMARY))]
 
     @classmethod
     def started_below(cls, root: str | Path) -> list[RunFiles]:
-        """Every run folder below ``root`` with a config.yaml (finished or not), in no particular order."""
+        """Every started run below a folder: the run folders with a config.yaml, finished or not.
+
+        Args:
+            root: The folder to search, at any depth.
+
+        Returns:
+            Their files, in no particular order.
+        """
         return [cls(p.parent) for p in Path(root).rglob(cls._CONFIG)]
 
     def __repr__(self) -> str:
@@ -157,7 +182,13 @@ class RunFiles:
 
 @dataclass(frozen=True)
 class Metric:
-    """One accuracy of the records: its key in metrics.jsonl / summary.json, its label, what it measures."""
+    """One accuracy of the records.
+
+    Attributes:
+        key: Its key in metrics.jsonl and summary.json (`"global_acc"`).
+        label: Its label in tables and plots (`"GA"`).
+        description: What it measures, in a few words.
+    """
 
     key: str
     label: str
@@ -165,6 +196,11 @@ class Metric:
 
 
 GA = Metric("global_acc", "GA", "the global model on the full, balanced test set")
+GA_BALANCED = Metric(
+    "global_balanced_acc",
+    "GA-bal",
+    "the global model's balanced accuracy: the mean per-class recall over the test set's classes",
+)
 PA_SPLIT = Metric(
     "personal_acc",
     "PA-split",
@@ -193,13 +229,36 @@ METRICS = (GA, PA_SPLIT, PA_L, PA_V, PA_G, PA_WORST10)  # the table (the summary
 PERSONAL = (PA_SPLIT, PA_L, PA_V, PA_G)  # per client (each participant's), then over the participants
 REPORTED = (GA, *PERSONAL)  # the columns of `fedpcd report`
 HEADLINE = (GA, PA_SPLIT)  # the curves, paired differences, progress bars and the Flower log
-ACCURACY_KEYS = (GA.key, *(m.key + suffix for m in PERSONAL for suffix in STATISTICS.values()))
+ACCURACY_KEYS = (
+    GA.key,
+    GA_BALANCED.key,
+    *(m.key + suffix for m in PERSONAL for suffix in STATISTICS.values()),
+)
 CLIENT_PA_SPLIT = "client_pa_split"  # a record's PA-split of each kept participant, in the order of "clients"
 
 
 def headline(record: dict[str, Any]) -> dict[str, str]:
-    """``{label: value}`` of the HEADLINE metrics of one round's record, 3 decimals ('-' when None)."""
+    """The headline metrics (GA, PA-split) of one round, for a progress line or a log.
+
+    Args:
+        record: One record of metrics.jsonl.
+
+    Returns:
+        `{label: value}`, each value with 3 decimals, "-" when the record has none.
+    """
     return {m.label: "-" if record.get(m.key) is None else f"{record[m.key]:.3f}" for m in HEADLINE}
+
+
+def headline_text(record: dict[str, Any]) -> str:
+    """[`headline`][fedpcd.run_format.headline] as one line of log text.
+
+    Args:
+        record: One record of metrics.jsonl.
+
+    Returns:
+        `GA=0.512 PA-split=0.801`, say.
+    """
+    return " ".join(f"{label}={value}" for label, value in headline(record).items())
 
 
 # The results-compatibility number: raised whenever a change to fedpcd alters the numbers of any run for the
@@ -210,8 +269,13 @@ CODE = "code"  # summary.json's record of the code that made the run (:func:`cod
 
 
 def code_version() -> dict[str, Any]:
-    """The code that is running: fedpcd's version, the git commit of its checkout (None when installed from a
-    wheel; ``+dirty`` when the checkout has uncommitted changes) and :data:`RESULTS_VERSION`."""
+    """The code that is running, as summary.json records it.
+
+    Returns:
+        `{"fedpcd": version, "commit": commit, "results": RESULTS_VERSION}`: the git commit of the
+            checkout (None when installed from a wheel; `+dirty` appended when the checkout has uncommitted
+            changes) and the results-compatibility number, raised whenever a change alters a run's numbers.
+    """
     import subprocess
 
     from fedpcd import __version__
@@ -236,8 +300,17 @@ def code_version() -> dict[str, Any]:
 
 
 def same_code(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
-    """Whether two summaries' :data:`CODE` records name one code version: the same results number and the
-    same commit (a run without the record, made before it existed, is known to match nothing)."""
+    """Whether two summaries' code records name one code version: the same results number and the same
+    commit.
+
+    Args:
+        a: One summary's record (its `"code"` entry, [`code_version`][fedpcd.run_format.code_version]),
+            or None for a run made before summaries had it.
+        b: The other's.
+
+    Returns:
+        True for the same code version; False when they differ or either is None (known to match nothing).
+    """
     if a is None or b is None:
         return False
     return a.get("results") == b.get("results") and a.get("commit") == b.get("commit")

@@ -33,12 +33,12 @@ While it runs, a progress line (runs finished, running with their last evaluated
 from the wall times of the runs finished so far) is printed as each run ends and every ``PROGRESS_EVERY``
 seconds between.
 
+Where the runs execute is the launcher's business (``fedpcd.launchers``: this process, a pool of worker
+processes, Ray, Slurm): it only runs ``_run_one``; everything above is the same for each.
+
 fedpcd never writes through a symbolic link in a sweep folder: an ``index.sqlite`` (or its SQLite side
 files) or a run folder that is a link is refused with one line before anything runs, as links in a run
 folder are (``engine/rundir.py``); the sweep's ``output_dir`` itself is the user's path and may be a link.
-With ``--jobs N`` the pool's workers die with the sweep's process, however it ends (``procs_guard``), and
-the cores are shared rather than oversubscribed: each run's ``engine.workers: auto`` takes its share, the
-usable cores // N (``FEDPCD_CORES``).
 """
 
 from __future__ import annotations
@@ -54,17 +54,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedpcd.config import Config, config_from_dict
 from fedpcd.config_input import merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import RunInUseError, UserError, clip
-from fedpcd.procs_guard import die_with_parent
 from fedpcd.run_format import GA, PA_SPLIT, RunFiles
 from fedpcd.utils import make_folder, path_error, show_path
+
+if TYPE_CHECKING:
+    from fedpcd.launchers import Launcher
 
 MAIN_KEYS = ("name", "scheme")
 PROGRESS_EVERY = 60.0  # seconds between two progress lines while no run ends
@@ -212,8 +212,9 @@ def _minutes(seconds: float) -> str:
 class _Progress:
     """The grid's progress: counts, the running runs' last evaluated rounds and an ETA (a line)."""
 
-    def __init__(self, total: int, done: int, todo: int, jobs: int) -> None:
-        self.total, self.done, self.todo, self.jobs = total, done, todo, jobs
+    def __init__(self, total: int, done: int, todo: int, jobs: int | None) -> None:
+        self.total, self.done, self.todo = total, done, todo
+        self.jobs = jobs  # runs at once, for the ETA; None: the runs running now (a Slurm queue decides)
         self.failed = self.skipped = 0
         self.times: list[float] = []  # seconds each run of this sweep took
         self.running: dict[str, int] = {}  # output_dir -> rounds of its config
@@ -248,7 +249,8 @@ class _Progress:
             if not self.todo:
                 eta = ""
             elif self.times:
-                left = self.todo * sum(self.times) / len(self.times) / min(self.jobs, self.todo)
+                at_once = min(self.jobs or max(1, len(running)), self.todo)
+                left = self.todo * sum(self.times) / len(self.times) / at_once
                 eta = f"; ETA {_minutes(left)}"
             else:
                 eta = "; ETA after the first run ends"
@@ -293,9 +295,19 @@ def _names(dirs: list[str], root: Path, limit: int = 3) -> str:
     return ", ".join(clip(n, 60) for n in names[:limit]) + more
 
 
-def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 1) -> list[Config]:
-    """Run every unfinished run of the grid, ``jobs`` processes at a time; returns the grid's configs.
+def run_sweep(
+    path: str | Path,
+    overrides: list[str] | None = None,
+    jobs: int | None = None,
+    launcher: str = "local",
+    address: str | None = None,
+    slurm: list[str] | None = None,
+) -> list[Config]:
+    """Run every unfinished run of the grid; returns the grid's configs.
 
+    ``launcher`` says where (``fedpcd.launchers``): ``local`` runs them in this process, or in ``jobs``
+    worker processes; ``ray`` as Ray tasks on the cluster at ``address`` (default: one started here);
+    ``slurm`` as Slurm jobs (``slurm``: its ``KEY=VALUE`` options); ``jobs`` caps the runs at once.
     A failing run is reported on stderr and left as it is; the others go on; a run that cannot run now (held
     by another fedpcd process, 'stuck' or 'broken', see ``run_status``) is skipped with a line saying why.
     Returns when every run of the grid is finished at the end (whoever finished it); otherwise raises one
@@ -303,9 +315,12 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
     (resumes) them. The index (``write_index``) is written before any run: an output_dir that cannot hold it
     stops the sweep at once.
     """
+    from fedpcd.launchers import make_launcher
+
     configs = expand_sweep(path, overrides)
     index = index_path(path, overrides)
     check_sweep_links(index, configs)
+    runner = make_launcher(launcher, jobs, address, slurm, index.parent)
     todo, skipped = [], []
     for cfg in configs:
         status = run_status(cfg)
@@ -318,7 +333,7 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
     write_index(index, configs)
     failed: list[str] = []
     index_errors: list[str] = []
-    progress = _Progress(len(configs), len(configs) - len(todo) - len(skipped), len(todo), jobs)
+    progress = _Progress(len(configs), len(configs) - len(todo) - len(skipped), len(todo), 1)
 
     def finished(out: str, outcome: Callable[[], tuple[str, float | None, float]]) -> None:
         try:
@@ -342,13 +357,17 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
         except UserError as exc:  # the runs matter more than their index (said at the end; rebuilt later)
             index_errors.append(str(exc))
 
-    with _heartbeat(progress, PROGRESS_EVERY):
-        if jobs <= 1:
+    if runner is None or not todo:
+        with _heartbeat(progress, PROGRESS_EVERY):
             for cfg, resume in todo:
                 progress.start(cfg)
                 finished(cfg.output_dir, lambda c=cfg, r=resume: _run_one(c.to_dict(), r))
-        else:
-            _run_pool(todo, jobs, progress, finished)
+    else:
+        with runner:
+            progress.jobs = runner.parallel
+            print(runner.describe(), flush=True)
+            with _heartbeat(progress, PROGRESS_EVERY):
+                _run_launched(todo, runner, progress, finished)
     statuses = {c.output_dir: run_status(c) for c in configs}
     if index_errors:  # bring the index up to date with the runs, if it can be written now
         with contextlib.suppress(UserError):
@@ -378,38 +397,25 @@ def run_sweep(path: str | Path, overrides: list[str] | None = None, jobs: int = 
     )
 
 
-def _start_job(parent: int, cores: int) -> None:
-    """A sweep worker: dies with the sweep, and its runs' ``engine.workers: auto`` use ``cores`` cores."""
-    from fedpcd.engine.pool import CORES_VAR
-
-    die_with_parent(parent)
-    os.environ[CORES_VAR] = str(cores)
-
-
-def _run_pool(
+def _run_launched(
     todo: list[tuple[Config, bool]],
-    jobs: int,
+    launcher: Launcher,
     progress: _Progress,
     finished: Callable[[str, Callable[[], tuple[str, float | None, float]]], None],
 ) -> None:
-    """Run ``todo`` in ``jobs`` worker processes that die with this one (``procs_guard``), calling
-    ``finished`` as each ends; a run counts as running once a worker has taken it."""
-    from fedpcd.engine.pool import usable_cores
-
-    context = get_context("spawn")
-    share = max(1, usable_cores() // jobs)  # each run's engine.workers: auto takes its share of the cores
-    with ProcessPoolExecutor(jobs, context, initializer=_start_job, initargs=(os.getpid(), share)) as pool:
-        futures: dict[Future[tuple[str, float | None, float]], Config] = {
-            pool.submit(_run_one, cfg.to_dict(), resume): cfg for cfg, resume in todo
-        }
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-            taken = [f for f in pending if f.running()][:jobs]  # the call queue holds one more than jobs
-            for fut in taken:
-                progress.start(futures[fut])
-            for fut in done:
-                finished(futures[fut].output_dir, fut.result)
+    """Run ``todo`` through ``launcher``, ``launcher.slots`` at a time (in order), calling ``finished`` as
+    each ends; a run counts as running once the launcher says it started."""
+    queue = list(reversed(todo))
+    active: dict[Any, Config] = {}
+    while queue or active:
+        while queue and (launcher.slots is None or len(active) < launcher.slots):
+            cfg, resume = queue.pop()
+            active[launcher.submit(cfg.to_dict(), resume)] = cfg
+        ended, running = launcher.wait(list(active), timeout=1.0)
+        for handle in running:
+            progress.start(active[handle])
+        for handle in ended:
+            finished(active.pop(handle).output_dir, lambda h=handle: launcher.result(h))
 
 
 # ----- the results index ----------------------------------------------------------------------------------

@@ -14,28 +14,31 @@ summary at the end (an exception leaving the ``with`` block closes them as faile
   W&B run config, MLflow params (dotted keys, values as JSON text but for strings).
 
 By default everything stays in the run directory: W&B runs offline under ``wandb/`` (its caches too), MLflow
-writes a file store ``mlruns/``, and neither sends telemetry (environment defaults, set only while the
-trackers are open and only where the environment does not set them). ``trackers.json`` keeps each
-logger's run id and the last round it logged: a resumed run continues the same tracker runs and logs only
-the rounds after that one, never a step twice.
+writes a SQLite store ``mlflow.db`` (which MLflow 3 opens as it is, unlike its file store), and neither sends
+telemetry (environment defaults, set only while the trackers are open and only where the environment does not
+set them). ``trackers.json`` keeps each logger's run id and the last round it logged: a resumed run continues
+the same tracker runs and logs only the rounds after that one, never a step twice.
 
 A kill can land between a tracker's write and the checkpoint (or trackers.json), so on resume the files the
 run owns are rebuilt from the checkpointed metrics, which the round loop has put back into metrics.jsonl
-before it opens the trackers: ``metrics.csv`` is rewritten from them and ``tensorboard/`` gets one event file
-of them (the older event files removed), so each step appears exactly once after any kill. An MLflow run
-cannot drop a logged point: on resume each metric key's logged steps are read back from the run and a step
-already there is not logged again. W&B keeps steps increasing itself (a step at or below its last is
-dropped).
+before it opens the trackers: ``metrics.csv`` is rewritten from them, ``tensorboard/`` gets one event file of
+them (the older event files removed) and an offline W&B run one ``wandb/offline-run-*`` folder of them under
+the same run id (its older folders removed), so each step appears exactly once after any kill. An MLflow run
+and an online W&B run cannot drop a logged point: on resume MLflow's logged steps are read back from the run
+and a step already there is not logged again; W&B online drops a step below the last one it holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import glob
 import importlib.util
 import json
+import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,11 +48,12 @@ from typing import Any, Protocol
 from fedpcd.config import Config, _flatten, config_yaml
 from fedpcd.errors import UserError
 from fedpcd.run_format import RunFiles
-from fedpcd.utils import read_json
+from fedpcd.utils import quiet, read_json
 
 INSTALL = "pip install 'fedpcd[trackers]'"
 # logger -> the module it needs
 PACKAGES = {"csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+SQL_STORE = ("sqlalchemy", "alembic")  # what MLflow's SQLite store needs besides mlflow-skinny
 LAST = "last_round"  # trackers.json: the last round a logger logged
 
 
@@ -69,13 +73,22 @@ def _step_values(record: dict[str, Any]) -> dict[str, float]:
 
 
 def check_trackers(config: Config) -> None:
-    """A one-line UserError if a configured logger's package is not installed (nothing is imported)."""
-    for name in config.tracking.loggers:
+    """A one-line UserError if a configured logger's package is not installed, or for MLflow's SQLite store
+    (the default) SQLAlchemy or Alembic (nothing is imported)."""
+    tracking = config.tracking
+    for name in tracking.loggers:
         module = PACKAGES[name]
         if module is not None and importlib.util.find_spec(module) is None:
             raise UserError(
                 f"tracking.loggers lists {name!r}, but the package {module!r} is not installed; {INSTALL}"
             )
+        if name == "mlflow" and (tracking.mlflow_uri or "sqlite:").startswith("sqlite:"):
+            for module in SQL_STORE:
+                if importlib.util.find_spec(module) is None:
+                    raise UserError(
+                        f"tracking.loggers lists 'mlflow', whose SQLite store needs the package {module!r}, "
+                        f"which is not installed; {INSTALL}"
+                    )
 
 
 def _run_records(run: RunFiles) -> list[dict[str, Any]]:
@@ -182,9 +195,23 @@ class _TensorBoard:
         self.writer.close()
 
 
+def _remove_offline_runs(run: RunFiles, run_id: str) -> None:
+    """Remove the run directory's offline W&B folders of the W&B run ``run_id`` (never through a link)."""
+    from fedpcd.engine.rundir import refuse_link, writing
+
+    refuse_link(run.wandb)
+    with writing(run.wandb):
+        for folder in run.wandb.glob(f"offline-run-*-{glob.escape(run_id)}"):
+            if folder.is_symlink() or not folder.is_dir():
+                folder.unlink()
+            else:
+                shutil.rmtree(folder)
+
+
 class _Wandb:
-    """A W&B run (offline by default) in ``wandb/``; a resumed run reopens its id (offline: a second run
-    folder of the same id, which ``wandb sync`` appends)."""
+    """A W&B run (offline by default) in ``wandb/``, each round's values committed at once. A resumed run
+    reopens its id: offline, its folders are replaced by one of the checkpointed records (``records``), then
+    the run goes on in it; online, W&B continues the run it holds."""
 
     def __init__(
         self, run: RunFiles, config: Config, entry: dict[str, Any], records: list[dict[str, Any]]
@@ -192,6 +219,9 @@ class _Wandb:
         import wandb
 
         tracking = config.tracking
+        continued = "id" in entry and tracking.wandb_mode == "online"
+        if "id" in entry and not continued:
+            _remove_offline_runs(run, entry["id"])
         settings = wandb.Settings(console="off", silent=True, x_disable_stats=True, reinit="create_new")
         self.run = wandb.init(
             dir=run.wandb.parent,  # W&B writes into <dir>/wandb
@@ -205,9 +235,13 @@ class _Wandb:
             settings=settings,
         )
         entry["id"] = self.run.id
+        if not continued:  # a new run or an offline one rebuilt: the rounds before the checkpoint of a resume
+            for record in records:
+                self.log(record["round"], record)
+            entry[LAST] = records[-1]["round"] if records else 0
 
     def log(self, step: int, record: dict[str, Any]) -> None:
-        self.run.log(_step_values(record), step=step)
+        self.run.log(_step_values(record), step=step, commit=True)  # not held back until the next step
 
     def close(self, summary: dict[str, float], step: int, failed: bool) -> None:
         import wandb
@@ -218,9 +252,18 @@ class _Wandb:
             wandb.teardown()
 
 
+def mlflow_uri(config: Config, run: RunFiles) -> str:
+    """The MLflow tracking URI of a run: ``tracking.mlflow_uri``, by default the run directory's SQLite store
+    ``sqlite:///<run>/mlflow.db``."""
+    from mlflow.utils.file_utils import path_to_local_sqlite_uri
+
+    return config.tracking.mlflow_uri or path_to_local_sqlite_uri(run.mlflow_db)
+
+
 class _MLflow:
-    """An MLflow run in ``tracking.mlflow_uri`` (default: a file store ``mlruns/`` in the run directory),
-    in the experiment ``tracking.project``, tagged ``group``; params: the flattened config."""
+    """An MLflow run in :func:`mlflow_uri`, in the experiment ``tracking.project``, tagged ``group``;
+    params: the flattened config. A resume whose run is gone from the store starts a new run with the
+    checkpointed records (``records``)."""
 
     def __init__(
         self, run: RunFiles, config: Config, entry: dict[str, Any], records: list[dict[str, Any]]
@@ -230,8 +273,13 @@ class _MLflow:
         from mlflow.tracking import MlflowClient
         from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
 
+        from fedpcd.engine.rundir import create_regular_file
+
         tracking = config.tracking
-        self.client = MlflowClient(tracking_uri=tracking.mlflow_uri or run.mlruns.resolve().as_uri())
+        if tracking.mlflow_uri is None:
+            create_regular_file(run.mlflow_db)  # never SQLite through a link
+        with quiet(logging.getLogger("mlflow.store.db.utils")):  # its INFO lines on creating the tables
+            self.client = MlflowClient(tracking_uri=mlflow_uri(config, run))
         self.logged: dict[str, set[int]] = {}  # metric key -> the steps the run holds already
         if "run_id" in entry:
             try:
@@ -256,6 +304,9 @@ class _MLflow:
         ]
         for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
             self.client.log_batch(self.run_id, params=params[start : start + MAX_PARAMS_TAGS_PER_BATCH])
+        for record in records:  # a resume: the rounds before its checkpoint
+            self.log(record["round"], record)
+        entry[LAST] = records[-1]["round"] if records else 0
 
     def _metrics(self, values: dict[str, float], step: int) -> None:
         """Log ``values`` at ``step``, but those the run holds at that step already (a resume after a kill
@@ -293,7 +344,6 @@ def _environment(run: RunFiles) -> dict[str, str]:
         "WANDB_DATA_DIR": str(run.wandb.resolve() / "data"),
         "WANDB_ARTIFACT_DIR": str(run.wandb.resolve() / "artifacts"),
         "MLFLOW_DISABLE_TELEMETRY": "true",
-        "MLFLOW_ALLOW_FILE_STORE": "true",  # MLflow 3 refuses a file store without it
     }
 
 

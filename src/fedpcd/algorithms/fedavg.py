@@ -3,14 +3,14 @@
 This class is also the algorithm contract: every other algorithm subclasses it and overrides only the hooks
 its paper changes (docs/adding-an-algorithm.md lists all 16, with who calls each and when):
 
-server: ``init_server`` once; each round ``payload_for`` per sampled client, then ``aggregate``;
-        ``global_predictor`` (and ``extra_global_predictors``) for the generic accuracy (GA).
-client: ``local_update`` = ``begin_local`` (the one place a payload is loaded into the model), ``fit`` (the
-        shared loop :func:`train_loop`, driven by ``trainable_parameters``, ``loss`` and ``correct_grads``),
-        ``end_local`` (the reply and the new state); then ``personal_predictor`` for the personal metrics,
-        evaluated where the client state lives. Every client hook gets the update's :class:`LocalWork`,
-        which holds all of its working values; the algorithm object holds only its hyperparameters and
-        ``ctx``. ``private_keys`` names the model weights that never leave the client (FedPer's head).
+- server: `init_server` once; each round `payload_for` per sampled client, then `aggregate`;
+  `global_predictor` (and `extra_global_predictors`) for the generic accuracy (GA).
+- client: `local_update` = `begin_local` (the one place a payload is loaded into the model), `fit` (the
+  shared loop `train_loop`, driven by `trainable_parameters`, `loss` and `correct_grads`), `end_local`
+  (the reply and the new state); then `personal_predictor` for the personal metrics, evaluated where the
+  client state lives. Every client hook gets the update's [`LocalWork`][fedpcd.algorithms.fedavg.LocalWork],
+  which holds all of its working values; the algorithm object holds only its hyperparameters and `ctx`.
+  `private_keys` names the model weights that never leave the client (FedPer's head).
 
 Server state, payloads, replies and client state are dicts of tensors, numbers and strings: nothing may rely
 on running in one process. Client state holds only what is personal (None for FedAvg).
@@ -41,26 +41,32 @@ def shifted(grads: Mapping[str, Tensor], terms: Mapping[str, Tensor]) -> dict[st
 
 
 class LocalWork:
-    """One client's local update: everything it works on, from ``begin_local`` to ``personal_predictor``.
+    """One client's local update: everything it works on, from `begin_local` to `personal_predictor`.
 
-    The engine creates one for every client update (``fedpcd.engine.client_update.local_step``) and passes it
-    to every client hook, so the algorithm object holds no per-client or per-round value:
+    The engine creates one for every client update (`fedpcd.engine.client_update.local_step`) and passes it
+    to every client hook, so the algorithm object holds no per-client or per-round value. Besides the
+    attributes below it holds the method's working values: plain attributes its hooks set and read (FedNH's
+    `work.scale`, SCAFFOLD's `work.correction`, FedRoD's `work.personal_head`; keyword arguments beyond the
+    listed ones set them too), listed by `working_values`.
 
-    - ``round``: the current round t (1..R);
-    - ``payload``, ``state``: what the loss sees (``begin_local`` may replace them, e.g. by a copy with
-      trainable tensors, or the initial state at a first participation); after ``local_update``, ``state``
-      is the client's new state;
-    - ``received``: the payload as received;
-    - ``rng``: the client's generator (seeded from run seed, round and client id);
-    - ``steps``: the optimiser steps taken so far (:func:`train_loop` counts them; FedNova's tau_i);
-    - ``traceable``: True where the loss runs under ``torch.func.vmap`` (the vectorized executor): it must
-      then take its traceable form (no data-dependent Python control flow or boolean indexing, no random
-      draws), equal to the other up to float rounding;
-    - the method's working values, plain attributes its hooks set and read (FedNH's ``work.scale``,
-      SCAFFOLD's ``work.correction``, FedRoD's ``work.personal_head``), listed by :meth:`working_values`.
-
-    The vectorized executor (engine/vectorized/) stacks the tensors of ``payload``, ``state`` and the working
+    The vectorized executor (engine/vectorized/) stacks the tensors of `payload`, `state` and the working
     values of the round's clients along a leading client dimension; a loss reads them the same way then.
+
+    Attributes:
+        round: The current round t (1..R).
+        payload: What the loss sees of the server's payload (`begin_local` may replace it, e.g. by a copy
+            with trainable tensors).
+        state: The client's state as the loss sees it (`begin_local` may replace it, e.g. by the initial
+            state at a first participation); after `local_update`, the client's new state.
+        received: The payload as received.
+        rng: The client's generator (seeded from run seed, round and client id).
+        steps: The optimiser steps taken so far (`train_loop` counts them; FedNova's tau_i).
+        traceable: True where the loss runs under `torch.func.vmap` (the vectorized executor): it must then
+            take its traceable form (no data-dependent Python control flow or boolean indexing, no random
+            draws), equal to the other up to float rounding.
+
+    Args:
+        **values: The method's first working values, set as attributes.
     """
 
     FIELDS: ClassVar[tuple[str, ...]] = ("round", "payload", "state", "received", "rng", "steps", "traceable")
@@ -95,11 +101,23 @@ class LocalWork:
             setattr(self, name, value)
 
     def working_values(self) -> dict[str, Any]:
-        """The method's working values by name, in the order they were first set."""
+        """The method's working values.
+
+        Returns:
+            `{name: value}`, in the order they were first set.
+        """
         return {k: v for k, v in vars(self).items() if k not in self.FIELDS}
 
     def get(self, name: str, default: Any = None) -> Any:
-        """The working value ``name``, or ``default`` when no hook has set it."""
+        """A working value.
+
+        Args:
+            name: The value's name.
+            default: What to return when no hook has set it.
+
+        Returns:
+            The value, else `default`.
+        """
         return getattr(self, name, default)
 
     def __repr__(self) -> str:
@@ -140,7 +158,16 @@ def feature_map(predictor: Predictor, model: nn.Module) -> Predictor:
 @ALGORITHMS.register("fedavg")
 @dataclass
 class FedAvg:
-    """FedAvg: clients run E epochs of SGD from the global model; the server averages all state by n_k."""
+    """FedAvg: clients run E epochs of SGD from the global model; the server averages all state by n_k.
+
+    Attributes:
+        heterogeneous: True when the method runs with a different architecture per client (config
+            `model.name` a list or map): it exchanges no tensor whose shape depends on the architecture.
+        extra_uploads: The reply keys a client uploads besides "model", "num_samples" and "train_loss",
+            which `privacy.clip` does not cover (the engine refuses the algorithm under it, docs/privacy.md).
+        extra_server_state: The server-state keys besides "model" that the server computes from the
+            replies (not from the noised model alone), likewise.
+    """
 
     # True when the method runs with a different architecture per client (config model.name a list or map):
     # it exchanges no tensor whose shape depends on the architecture (FedSSA's header rows, prototypes).
@@ -152,21 +179,43 @@ class FedAvg:
     extra_server_state: ClassVar[tuple[str, ...]] = ()
 
     def setup(self, ctx: Context) -> None:
-        """Called once on every process that runs this algorithm (server and clients); the algorithm object
-        holds only its hyperparameters, ``ctx`` and what is derived from them (never a client's values)."""
+        """Called once on every process that runs this algorithm (server and clients).
+
+        The algorithm object holds only its hyperparameters, `ctx` and what is derived from them (never a
+        client's values).
+
+        Args:
+            ctx: What server and clients both know of the run: client and class counts, rounds, seed, the
+                local training settings, the input shape, the model's parameter names.
+        """
         self.ctx = ctx
 
     def private_keys(self, model: nn.Module) -> list[str]:
-        """State-dict keys of ``model`` that stay on the client as its state (FedPer: the head; none for
-        FedAvg). FedAvg's server, ``begin_local`` and ``end_local`` then move only the other keys: a client
-        without state starts from its model's seeded initial private part, the generic model uses the
-        initial private part (FedNH Sec. 4.1)."""
+        """The model weights that stay on the client as its state (FedPer: the head; none for FedAvg).
+
+        FedAvg's server, `begin_local` and `end_local` then move only the other keys: a client without state
+        starts from its model's seeded initial private part, the generic model uses the initial private part
+        (FedNH Sec. 4.1).
+
+        Args:
+            model: A model of the run's architecture.
+
+        Returns:
+            State-dict keys of `model`.
+        """
         return []
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """Initial server state from the seeded initial model: its shared part and, with private keys, the
-        initial private part (for the generic model only)."""
+        """The initial server state.
+
+        Args:
+            model: The seeded initial model.
+
+        Returns:
+            Its shared part as "model" and, with private keys, the initial private part as "initial" (for
+                the generic model only).
+        """
         private = self.private_keys(model)
         if not private:
             return {"model": clone_state(model)}
@@ -174,18 +223,42 @@ class FedAvg:
         return {"model": clone_state(model, shared), "initial": clone_state(model, private)}
 
     def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
-        """What the server sends to ``client_id`` this round."""
+        """What the server sends to a client this round.
+
+        Args:
+            server: The server state.
+            client_id: The sampled client.
+
+        Returns:
+            The payload (FedAvg: the global model).
+        """
         return {"model": server["model"]}
 
     def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
-        """w <- sum_k n_k w_k / sum_k n_k over the replies (all parameters and buffers;
-        ``self.ctx.parameter_names`` tells them apart)."""
+        """The server's step: w <- sum_k n_k w_k / sum_k n_k over the replies for FedAvg (all parameters
+        and buffers; `self.ctx.parameter_names` tells them apart).
+
+        Args:
+            server: The server state.
+            replies: The round's replies (`end_local`'s).
+
+        Returns:
+            The new server state (FedAvg updates `server` in place and returns it).
+        """
         server["model"] = weighted_average([r["model"] for r in replies], [r["num_samples"] for r in replies])
         return server
 
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
-        """The generic model (None for purely personalised methods): the server's weights, with the initial
-        private part if any, loaded into ``model``, a reusable object."""
+        """The generic model, scored for GA.
+
+        Args:
+            model: A reusable model object to load the server's weights into.
+            server: The server state.
+
+        Returns:
+            `model` holding the server's weights (with the initial private part if any), or a predictor over
+                it; None for purely personalised methods.
+        """
         if self.private_keys(model):
             model.load_state_dict({**server["model"], **server["initial"]})
         else:
@@ -195,31 +268,54 @@ class FedAvg:
     def extra_global_predictors(
         self, model: nn.Module, server: dict[str, Any]
     ) -> Iterator[tuple[str, Predictor]]:
-        """Further generic predictors to score on the full test set, as ``(name, predictor)`` pairs; each
-        is reported as ``global_acc_<name>`` in metrics.jsonl next to ``global_acc`` (none for FedAvg).
+        """Further generic predictors to score on the full test set (none for FedAvg).
 
         A generator: the engine scores each predictor before asking for the next, so each may load its
-        weights into the one reusable ``model`` (e.g. FedDyn's mean of the local models)."""
+        weights into the one reusable `model` (e.g. FedDyn's mean of the local models).
+
+        Args:
+            model: A reusable model object.
+            server: The server state.
+
+        Yields:
+            `(name, predictor)` pairs; each is reported as `global_acc_<name>` in metrics.jsonl next to
+                `global_acc`.
+        """
         yield from ()
 
     # ----- client -----
     def local_update(self, model: nn.Module, data: ClientData, work: LocalWork) -> tuple[Reply, Any]:
         """Train from the payload; reply with the new weights, the sample count and the mean train loss.
 
-        Three parts: ``begin_local``, ``fit``, ``end_local`` (the vectorized executor, engine/vectorized/,
-        runs the middle part for many clients at once). Returns (reply, new state) and leaves the new state
-        in ``work.state`` for ``personal_predictor``."""
+        Three parts: `begin_local`, `fit`, `end_local` (the vectorized executor, engine/vectorized/, runs
+        the middle part for many clients at once). The new state is also left in `work.state` for
+        `personal_predictor`.
+
+        Args:
+            model: The client's model object.
+            data: The client's training data and test splits.
+            work: This update's working values.
+
+        Returns:
+            `(reply, new state)`.
+        """
         self.begin_local(model, data, work)
         loss = self.fit(model, data, work)
         reply, work.state = self.end_local(model, data, work, loss)
         return reply, work.state
 
     def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
-        """Before training: load ``work.payload`` (and the private part, ``work.state``) into ``model`` and
-        set up ``work``: what ``loss`` sees (``work.payload``, ``work.state``) and the working values. The
-        one place a payload is loaded: ``finetune`` from the global model calls it again.
+        """Before training: load `work.payload` (and the private part, `work.state`) into `model` and set
+        up `work`: what `loss` sees (`work.payload`, `work.state`) and the working values.
 
-        Must not draw from ``work.rng``."""
+        The one place a payload is loaded: `finetune` from the global model calls it again. Must not draw
+        from `work.rng`.
+
+        Args:
+            model: The client's model object.
+            data: The client's data.
+            work: This update's working values.
+        """
         private = self.private_keys(model)
         if not private:
             model.load_state_dict(work.payload["model"])
@@ -229,41 +325,84 @@ class FedAvg:
         model.load_state_dict({**work.payload["model"], **work.state})
 
     def fit(self, model: nn.Module, data: ClientData, work: LocalWork) -> float:
-        """Local training of one round on ``begin_local``'s work; the mean loss (FedAvg: the shared loop
-        :func:`train_loop`; FedRep: two phases). The vectorized executor runs only classes that keep this
-        one."""
+        """Local training of one round on `begin_local`'s work (FedAvg: the shared loop `train_loop`;
+        FedRep: two phases). The vectorized executor runs only classes that keep this one.
+
+        Args:
+            model: The client's model, loaded by `begin_local`.
+            data: The client's data.
+            work: This update's working values.
+
+        Returns:
+            The mean training loss.
+        """
         return train_loop(self, model, data, work)
 
     def trainable_parameters(self, model: nn.Module, work: LocalWork) -> Iterable[nn.Parameter]:
-        """Parameters (or working tensors of ``work``) the local optimiser updates (all parameters for
-        FedAvg); ``train_loop`` freezes the model's others while it runs."""
+        """What the local optimiser updates; `train_loop` freezes the model's other parameters while it runs.
+
+        Args:
+            model: The client's model.
+            work: This update's working values.
+
+        Returns:
+            Parameters of `model` or working tensors of `work` (all parameters for FedAvg).
+        """
         return model.parameters()
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """The local objective on one batch: cross-entropy for FedAvg. Both executors call it; under the
-        vectorized one ``work.traceable`` is True and the loss must take its traceable form (one formula
-        usually serves both)."""
+        """The local objective on one batch: cross-entropy for FedAvg.
+
+        Both executors call it; under the vectorized one `work.traceable` is True and the loss must take its
+        traceable form (one formula usually serves both).
+
+        Args:
+            model: The client's model.
+            batch: `(x, y)`.
+            work: This update's working values.
+
+        Returns:
+            The scalar loss.
+        """
         x, y = batch
         return F.cross_entropy(model(x), y)
 
     def correct_grads(
         self, grads: dict[str, Tensor], params: Mapping[str, Tensor], work: LocalWork
     ) -> dict[str, Tensor]:
-        """The gradients the optimiser steps on, by parameter name, from the loss's ``grads`` (the
-        parameters that have one); ``params`` holds every parameter's current value. Gradient corrections
-        and the gradients of linear or closed-form terms go here (SCAFFOLD, FedDyn, FedDC); they apply before
-        gradient clipping, weight decay and momentum. FedAvg: unchanged.
+        """The gradients the optimiser steps on (FedAvg: unchanged).
 
-        Tensor code only, out of place (no data-dependent Python control flow, no random draws): the shared
-        loop calls it on one model's gradients, the vectorized executor vmaps it over the clients' stacked
-        gradients, parameters and works."""
+        Gradient corrections and the gradients of linear or closed-form terms go here (SCAFFOLD, FedDyn,
+        FedDC); they apply before gradient clipping, weight decay and momentum. Tensor code only, out of place
+        (no data-dependent Python control flow, no random draws): the shared loop calls it on one model's
+        gradients, the vectorized executor vmaps it over the clients' stacked gradients, parameters and
+        works.
+
+        Args:
+            grads: The loss's gradients by parameter name (the parameters that have one).
+            params: Every parameter's current value by name.
+            work: This update's working values.
+
+        Returns:
+            The gradients to step on, by parameter name.
+        """
         return grads
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:
-        """After training (``model`` and ``work`` hold the trained tensors): the reply (the shared part of the
-        weights) and the new state (the private part, else ``work.state``)."""
+        """After training: the reply and the new state.
+
+        Args:
+            model: The trained model.
+            data: The client's data.
+            work: This update's working values, with the trained tensors.
+            loss: `fit`'s mean training loss.
+
+        Returns:
+            `(reply, new state)`: the reply holds the shared part of the weights as "model", "num_samples" and
+                "train_loss"; the new state is the private part, else `work.state`.
+        """
         private = self.private_keys(model)
         if not private:
             return {
@@ -276,13 +415,25 @@ class FedAvg:
         return reply, clone_state(model, private)
 
     def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
-        """The client's personal model, right after ``local_update`` (FedAvg: the locally trained model);
-        ``work.received`` is the payload as received and ``work.state`` the new state. Return ``model`` itself
-        or a :class:`Readout` over it where possible: the vectorized executor batches those."""
+        """The client's personal model, right after `local_update` (FedAvg: the locally trained model).
+
+        Args:
+            model: The trained model.
+            work: This update's working values: `work.received` is the payload as received, `work.state`
+                the new state.
+
+        Returns:
+            `model` itself or a `Readout` over it where possible (the vectorized executor batches those),
+                else any function from inputs to logits.
+        """
         return model
 
     def vectorize_blocker(self) -> str | None:
-        """Why the vectorized executor cannot train this algorithm as configured (None: it can)."""
+        """Whether the vectorized executor can train this algorithm as configured.
+
+        Returns:
+            Why it cannot, or None when it can.
+        """
         return None
 
 

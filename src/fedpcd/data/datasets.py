@@ -11,6 +11,7 @@ import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -66,8 +67,12 @@ from fedpcd.data.transforms import normalize
 from fedpcd.errors import UserError
 from fedpcd.registry import Registry
 
+if TYPE_CHECKING:
+    from fedpcd.config import Config
+
 __all__ = [  # the registry and loaders, and the file formats' names as they were importable from here
     "DATASETS",
+    "HF_PREFIX",
     "Dataset",
     "Loader",
     "load_dataset",
@@ -218,7 +223,43 @@ def channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]
 
 
 Loader = Callable[[Path | None, bool], Dataset]
-DATASETS: Registry[Loader] = Registry("dataset")
+HF_PREFIX = "hf:"  # dataset names hf:<hub name>: any Hugging Face dataset (fedpcd.data.hf)
+
+
+class DatasetRegistry(Registry[Loader]):
+    """The dataset registry; it also knows every ``hf:<hub name>`` without registering it: ``get`` returns
+    that Hugging Face dataset's loader (``fedpcd.data.hf.hf_loader``), which also takes the image and label
+    columns."""
+
+    def get(self, name: str) -> Loader:
+        if isinstance(name, str) and name.startswith(HF_PREFIX):
+            from fedpcd.data.hf import hf_loader
+
+            return hf_loader(name)
+        try:
+            return super().get(name)
+        except UserError as exc:
+            raise UserError(f"{exc}, or {HF_PREFIX}<owner>/<name> (a Hugging Face dataset)") from None
+
+    def __contains__(self, name: object) -> bool:
+        return (isinstance(name, str) and name.startswith(HF_PREFIX)) or super().__contains__(name)
+
+
+DATASETS = DatasetRegistry("dataset")
+
+
+def load_configured(config: Config) -> Dataset:
+    """The dataset of a run's config: its ``dataset`` section, drawn with its ``seed``."""
+    section = config.dataset
+    return load_dataset(
+        section.name,
+        section.root,
+        section.train_fraction,
+        config.seed,
+        section.download,
+        image_column=section.image_column,
+        label_column=section.label_column,
+    )
 
 
 def load_dataset(
@@ -227,11 +268,15 @@ def load_dataset(
     train_fraction: float = 1.0,
     seed: int = 0,
     download: bool = True,
+    *,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> Dataset:
-    """Load dataset ``name`` (see ``DATASETS.names()``).
+    """Load dataset ``name`` (see ``DATASETS.names()``, or ``hf:<hub name>``).
 
     ``train_fraction`` < 1 keeps a class-stratified subset of the TRAIN split chosen by ``seed``; the test
-    split is always whole. ``download=False`` never touches the network.
+    split is always whole. ``download=False`` never touches the network. ``image_column`` and
+    ``label_column`` name the columns of an ``hf:`` dataset where they are not the usual ones.
     """
     loader = DATASETS.get(name)
     if (
@@ -240,7 +285,12 @@ def load_dataset(
         or not 0.0 < train_fraction <= 1.0
     ):
         raise UserError(f"train_fraction must be in (0, 1], got {train_fraction!r}")
-    ds = loader(Path(root).expanduser() if root is not None else None, download)
+    columns = {k: v for k, v in (("image_column", image_column), ("label_column", label_column)) if v}
+    if columns and not name.startswith(HF_PREFIX):
+        raise UserError(
+            f"dataset.{next(iter(columns))} applies to {HF_PREFIX}<hub name> datasets only, not {name!r}"
+        )
+    ds = loader(Path(root).expanduser() if root is not None else None, download, **columns)  # type: ignore[call-arg]
     if train_fraction < 1.0:
         keep = torch.from_numpy(stratified_subset(ds.train_y.numpy(), train_fraction, seed))
         groups = None if ds.train_groups is None else ds.train_groups[keep]
@@ -449,7 +499,11 @@ def load_shakespeare(root: Path | None, download: bool) -> Dataset:
 @DATASETS.register("isic2019")
 def load_isic2019(root: Path | None, download: bool) -> Dataset:
     """Fed-ISIC2019 (FLamby, NeurIPS 2022): 18597/4650 3x200x200 dermoscopy images, 8 classes, 6 centres
-    as natural clients (FLamby's preprocessed layout; Ogier du Terrail et al.)."""
+    as natural clients (FLamby's preprocessed layout; Ogier du Terrail et al.).
+
+    The classes are far from balanced, and FLamby's metric for this dataset (``fed_isic2019/metric.py``) is
+    balanced accuracy, the mean per-class recall (scikit-learn's ``balanced_accuracy_score``): compare runs
+    on ``global_balanced_acc``, which is that, rather than on GA (``global_acc``)."""
     folder = find_or_download(
         "isic2019",
         root,

@@ -1,25 +1,25 @@
 """Label-skew partitions: which training samples each client holds, and its matching local test split.
 
-A partition is a pure function of ``(labels, scheme, params, seed)``: every scheme draws only from the
-``np.random.Generator`` it is given (``make_partition`` seeds it with ``np.random.default_rng(seed)``), never
+A partition is a pure function of `(labels, scheme, params, seed)`: every scheme draws only from the
+`np.random.Generator` it is given (`make_partition` seeds it with `np.random.default_rng(seed)`), never
 from numpy's or Python's global random state, so the same inputs always give identical index arrays.
 
-Schemes (``PARTITIONERS``, defined in ``fedpcd.data.schemes``; a scheme's keyword-only parameters with
-defaults are its config keys, typed and bounded by their annotations and checked by ``resolve_params``):
+Schemes (`PARTITIONERS`, defined in `fedpcd.data.schemes`; a scheme's keyword-only parameters with
+defaults are its config keys, typed and bounded by their annotations and checked by `resolve_params`):
 
-- ``iid``: shuffle and split evenly.
-- ``dirichlet``: per class, client shares q ~ Dir(beta * 1_K) (the MOON / FedGELA / FedSC recipe).
-- ``pathological``: FedMR / FedGELA "PxCy": every client holds exactly ``classes_per_client`` classes.
-- ``shards``: FedAvg's sort-by-label shards.
-- ``longtail``: a long-tailed pool (FedSC, LDAM profile) partitioned by another scheme.
-- ``fedssa``: FedSSA's (pFedHN-style) k classes per client with U(0.4, 0.6) proportions.
-- ``nid2``: ``biased_clients`` clients with a block of classes each, plus one client holding every class.
-- ``explicit``: client index lists read from a JSON file.
-- ``natural``: the dataset's own clients (LEAF writers / roles, FLamby centres), a seeded subset of them.
+- `iid`: shuffle and split evenly.
+- `dirichlet`: per class, client shares q ~ Dir(beta * 1_K) (the MOON / FedGELA / FedSC recipe).
+- `pathological`: FedMR / FedGELA "PxCy": every client holds exactly `classes_per_client` classes.
+- `shards`: FedAvg's sort-by-label shards.
+- `longtail`: a long-tailed pool (FedSC, LDAM profile) partitioned by another scheme.
+- `fedssa`: FedSSA's (pFedHN-style) k classes per client with U(0.4, 0.6) proportions.
+- `nid2`: `biased_clients` clients with a block of classes each, plus one client holding every class.
+- `explicit`: client index lists read from a JSON file.
+- `natural`: the dataset's own clients (LEAF writers / roles, FLamby centres), a seeded subset of them.
 
-Each client's local test split is cut from the official test set by ``local_test_split`` so that its class
+Each client's local test split is cut from the official test set by `local_test_split` so that its class
 mix follows the client's training mix (FedGELA's per-client test split), except for schemes that define their
-own (``fedssa`` applies its (class, proportion) lists to the test pool, as its code does).
+own (`fedssa` applies its (class, proportion) lists to the test pool, as its code does).
 
 Indices inside one client's array come in the order the procedure produced them (class by class); the order
 carries no meaning, and loaders shuffle.
@@ -84,7 +84,13 @@ __all__ = [
 
 @dataclass
 class Partition:
-    """Per-client index arrays into the training set and into the official test set."""
+    """Per-client index arrays into the training set and into the official test set.
+
+    Attributes:
+        num_classes: The number of classes C.
+        train: Each client's indices into the training set (int64 arrays, one per client).
+        test: Each client's local test split: indices into the official test set.
+    """
 
     num_classes: int
     train: list[np.ndarray]
@@ -92,14 +98,29 @@ class Partition:
 
     @property
     def num_clients(self) -> int:
+        """The number of clients K."""
         return len(self.train)
 
     def train_counts(self, train_labels: np.ndarray) -> np.ndarray:
-        """[K, C] number of training samples of each class per client."""
+        """The number of training samples of each class per client.
+
+        Args:
+            train_labels: The labels of the training set that `train` indexes.
+
+        Returns:
+            A [K, C] matrix of counts.
+        """
         return _count_matrix(self.train, train_labels, self.num_classes)
 
     def test_counts(self, test_labels: np.ndarray) -> np.ndarray:
-        """[K, C] number of local test samples of each class per client."""
+        """The number of local test samples of each class per client.
+
+        Args:
+            test_labels: The labels of the official test set that `test` indexes.
+
+        Returns:
+            A [K, C] matrix of counts.
+        """
         return _count_matrix(self.test, test_labels, self.num_classes)
 
 
@@ -112,6 +133,17 @@ def local_test_split(
     each class c, shuffle the test indices of c and give client j the slice between cut points
     floor(cumsum(share) * n_c), where share_j = train_counts[j, c] / sum_j train_counts[j, c]. The splits are
     disjoint; a class that no client holds is left unused.
+
+    Args:
+        train_counts: A [K, C] matrix: each client's number of training samples of each class.
+        test_labels: The labels of the official test set, in [0, C).
+        rng: The generator that shuffles each class's test indices.
+
+    Returns:
+        Each client's local test split: an int64 array of indices into the test set.
+
+    Raises:
+        UserError: `train_counts` is not a matrix, or a test label lies outside [0, C).
     """
     counts = np.asarray(train_counts, dtype=np.int64)
     if counts.ndim != 2:
@@ -147,12 +179,29 @@ def make_partition(
     num_classes: int | None = None,
     groups: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Partition:
-    """Partition the training set among ``num_clients`` clients; cut each client's local test split.
+    """Partition the training set among `num_clients` clients; cut each client's local test split.
 
-    ``params`` are the scheme's parameters (unknown keys -> UserError listing the valid ones; defaults fill
-    the rest). The scheme runs with ``np.random.default_rng(seed)``, then the same generator draws the local
-    test splits (``local_test_split`` on the realised train counts, or the scheme's own split).
-    ``num_classes`` defaults to 1 + the largest label. Pure: same inputs, identical output.
+    The scheme runs with `np.random.default_rng(seed)`, then the same generator draws the local test splits
+    ([`local_test_split`][fedpcd.data.partition.local_test_split] on the realised train counts, or the
+    scheme's own split). Pure: same inputs, identical output.
+
+    Args:
+        train_labels: The labels of the training set, in [0, num_classes).
+        test_labels: The labels of the official test set, in [0, num_classes).
+        num_clients: The number of clients K, from 1 to the number of training samples.
+        scheme: A partition scheme's name (`fedpcd list` prints them).
+        params: The scheme's parameters; defaults fill the missing ones.
+        seed: The seed of the generator, a non-negative integer.
+        num_classes: The number of classes; default 1 + the largest label.
+        groups: The train and test samples' group ids (the dataset's own clients), for the `natural`
+            scheme; None for datasets without them.
+
+    Returns:
+        The clients' training index arrays and local test splits.
+
+    Raises:
+        UserError: An unknown scheme or parameter (the message names the valid ones), a value out of its
+            range, a label outside [0, num_classes), or more clients than training samples.
     """
     train = _check_labels(train_labels, "train")
     test = _check_labels(test_labels, "test")

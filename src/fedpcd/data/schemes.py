@@ -510,3 +510,7 @@ def explicit(
     if (counts > 1).any():
         raise bad(f"index {int(uniq[counts > 1][0])} is listed more than once (clients must not overlap)")
     return out
+
+
+# Flower Datasets' partitioners, registered as flwr:<name> (flwr-datasets is imported only when one runs)
+from fedpcd.data import flwr_schemes  # noqa: E402, F401

@@ -9,20 +9,37 @@ from fedpcd.algorithms import FedAvg
 from fedpcd.config import Config, load_config
 from fedpcd.engine.checkpoint import check_checkpoint
 from fedpcd.engine.federation import Federation, build_federation, set_threads
+from fedpcd.engine.rounds import RecordHook
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.simulation import resume_run, run_local
 from fedpcd.errors import UserError
 
-__all__ = ["open_run", "resume_run", "run_experiment", "run_local"]
+__all__ = ["check_record_hook", "open_run", "resume_run", "run_experiment", "run_local"]
 
 
-def run_experiment(config: Config, progress: bool = True) -> dict[str, Any]:
-    """Run a resolved config on its backend; returns the summary (also written to summary.json)."""
+def check_record_hook(config: Config, on_record: RecordHook | None) -> None:
+    """Refuse a record hook for a run on the Flower backend, whose rounds run inside Flower's ServerApp."""
+    if on_record is not None and config.backend == "flower":
+        raise UserError(
+            "a per-round callback needs backend=local (a Flower run's rounds run inside Flower's ServerApp); "
+            "read the run's metrics.jsonl instead"
+        )
+
+
+def run_experiment(
+    config: Config, progress: bool = True, on_record: RecordHook | None = None
+) -> dict[str, Any]:
+    """Run a resolved config on its backend; returns the summary (also written to summary.json).
+
+    ``on_record`` (local backend only) is called with each evaluated round's record, as written to
+    metrics.jsonl, right after the trackers got it; an exception it raises stops the run there, before that
+    round's checkpoint (the run resumes from the one before)."""
+    check_record_hook(config, on_record)
     if config.backend == "flower":
         from fedpcd.flower import run_flower
 
         return run_flower(config, progress=progress)
-    return run_local(config, progress=progress)
+    return run_local(config, progress=progress, on_record=on_record)
 
 
 def open_run(run_dir: str | Path) -> tuple[Federation, FedAvg, dict[str, Any]]:

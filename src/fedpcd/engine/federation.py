@@ -19,7 +19,7 @@ from torch import nn
 from fedpcd.algorithms import ClientData, Context, FedAvg, build_algorithm
 from fedpcd.algorithms.base import param_names
 from fedpcd.config import Config
-from fedpcd.data.datasets import Dataset, load_dataset
+from fedpcd.data.datasets import Dataset, load_configured
 from fedpcd.data.partition import Partition, make_partition
 from fedpcd.engine.metrics import accuracy, per_class_accuracy, predict
 from fedpcd.errors import UserError
@@ -136,13 +136,7 @@ def build_federation(config: Config) -> Federation:
     The normalised images, labels and every client's index tensors are put on ``engine.device`` once;
     the Dataset keeps its CPU tensors (partition statistics, the run directory)."""
     device = resolve_device(config.engine.device)
-    ds = load_dataset(
-        config.dataset.name,
-        config.dataset.root,
-        config.dataset.train_fraction,
-        config.seed,
-        config.dataset.download,
-    )
+    ds = load_configured(config)
     train_y = ds.train_y.numpy()
     partition = make_partition(
         train_y,

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ import torch
 from fedpcd.algorithms.base import MODEL, NUM_SAMPLES
 from fedpcd.config import Config
 from fedpcd.errors import DivergenceError
+from fedpcd.logs import LOGGER
 
 
 class NonFiniteError(ArithmeticError):
@@ -93,8 +93,8 @@ def model_nonfinite(model: torch.nn.Module) -> str | None:
 
 
 def warn(message: str) -> None:
-    """One warning line on stderr (the run goes on)."""
-    print(f"fedpcd: warning: {message}", file=sys.stderr, flush=True)
+    """One warning line on stderr and in the run's run.log (the run goes on)."""
+    LOGGER.warning("%s", message)
 
 
 @dataclass

@@ -13,7 +13,7 @@ is loaded) gives the same metrics.jsonl as an uninterrupted run.
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -42,13 +42,14 @@ from fedpcd.engine.federation import (
     set_threads,
 )
 from fedpcd.engine.guard import InvalidReply, check_server, reply_problem, screen_replies, warn
-from fedpcd.engine.metrics import accuracy, predict
+from fedpcd.engine.metrics import accuracy, balanced_accuracy, predict
 from fedpcd.engine.privacy import add_noise, check_privacy, clip_update, dp_epsilon, reported_samples
 from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.robust import check_robust, robust_aggregate
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
-from fedpcd.run_format import CODE, code_version, headline
+from fedpcd.logs import LOGGER, run_log
+from fedpcd.run_format import CODE, GA_BALANCED, code_version, headline, headline_text
 from fedpcd.trackers import check_trackers, open_trackers
 
 RecordHook = Callable[[dict[str, Any]], None]
@@ -131,9 +132,10 @@ def open_run(
 ) -> Iterator[tuple[RunDir, dict[str, Any] | None, Federation]]:
     """The set-up of a run on every backend, each check before the data is loaded: torch threads; a new
     run's ``output_dir`` checked (:meth:`RunDir.check_new`); the trackers' packages; then, with the run
-    directory locked for the whole block, the checkpoint a resume continues from (``checkpoint``: already
-    read and checked by the caller) and the federation (``federation``: already built by the caller).
-    Yields (run directory, checkpoint or None, federation)."""
+    directory locked and logging to its run.log (:func:`fedpcd.logs.run_log`) for the whole block, the
+    checkpoint a resume continues from (``checkpoint``: already read and checked by the caller) and the
+    federation (``federation``: already built by the caller). Yields (run directory, checkpoint or None,
+    federation)."""
     set_threads(config)
     run_dir = RunDir(config.output_dir)
     if not resume:
@@ -141,7 +143,8 @@ def open_run(
     check_trackers(config)
     check_privacy(config)
     check_robust(config)
-    with run_dir.lock():  # re-entrant: a Flower simulation's ServerApp thread takes it again
+    # both re-entrant: a Flower simulation's ServerApp thread takes them again
+    with run_dir.lock(), run_log(run_dir.path):
         if checkpoint is None:
             checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
         fed = federation if federation is not None else build_federation(config)
@@ -191,6 +194,7 @@ def play_round(
     wall = time.perf_counter() - t0
     up, down = sum(r.bytes_up for r in results), sum(r.bytes_down for r in results)
     record = round_record(rnd, ga, kept, kept_ids, up, down, wall, extra, ga_classes)
+    record[GA_BALANCED.key] = None if ga_classes is None else balanced_accuracy(ga_classes)
     if len(kept) < len(results):
         record["left_out"] = sorted({*screened.failed, *screened.diverged})
     if privacy.clip is not None:
@@ -235,14 +239,24 @@ def run_rounds(
         for k in range(config.clients):  # build every architecture's model (seeds the global RNG) ...
             fed.model_for(k)
         restore_rng(checkpoint.get("rng"))  # ... before the global RNG states are put back
-        if progress:
-            print(f"fedpcd: resuming {run_dir.path} from round {start} of {config.rounds}", file=sys.stderr)
+        # on stderr with the progress bar, and always in run.log
+        level = logging.INFO if progress else logging.DEBUG
+        LOGGER.log(level, "resuming %s from round %d of %d", run_dir.path, start, config.rounds)
     else:
         train_y, test_y = fed.dataset.train_y.numpy(), fed.dataset.test_y.numpy()
         run_dir.create(config, partition_json(fed.partition, train_y, test_y), restart=restart)
         server = algorithm.init_server(fed.model_for(0, fresh=True))  # client 0's architecture
         executor.restore({})  # disk: the files of an attempt killed before its first checkpoint
         start, wall, records = 0, 0.0, []
+        LOGGER.debug(
+            "starting %s: %s on %s, %d clients, %d rounds (backend %s)",
+            run_dir.path,
+            config.algorithm.name,
+            config.dataset.name,
+            config.clients,
+            config.rounds,
+            config.backend,
+        )
 
     rounds = range(start + 1, config.rounds + 1)
     desc = desc or config.algorithm.name
@@ -269,6 +283,7 @@ def run_rounds(
             if record is not None:
                 run_dir.append(record)
                 records.append(record)
+                LOGGER.debug("round %d: %s, %.2f s", rnd, headline_text(record), round_wall)
                 bar.set_postfix(headline(record))
                 trackers.log(record)
                 if on_record is not None:
@@ -281,7 +296,9 @@ def run_rounds(
                     warn(f"round {rnd}: no checkpoint ({exc}); a resume starts from the previous one")
                     continue
                 run_dir.save_checkpoint(checkpoint_state(rnd, server, states, wall, records, config))
+                LOGGER.debug("round %d: checkpoint saved", rnd)
         summary = {**summary_of(records, wall, config.rounds), CODE: code_version()}
         run_dir.write_summary(summary)
         trackers.close(summary)
+    LOGGER.debug("summary written: final %s, %.1f s of rounds", headline_text(summary["final"]), wall)
     return summary

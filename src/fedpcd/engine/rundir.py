@@ -18,7 +18,6 @@ import errno
 import json
 import os
 import stat
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ from fedpcd.config import Config, canonical_config, config_yaml, describe_change
 from fedpcd.engine.checkpoint import changes_since, load_checkpoint_file
 from fedpcd.engine.records import read_records, record_line
 from fedpcd.errors import RunInUseError, UserError
+from fedpcd.logs import LOGGER
 from fedpcd.run_format import RunFiles
 from fedpcd.utils import atomic_write
 
@@ -242,10 +242,10 @@ class RunDir(RunFiles):
                     ) from None
             stale = os.pread(fd, 64, 0).decode(errors="replace").strip()
             if stale:  # a holder that releases empties the file: this one died holding it
-                print(
-                    f"fedpcd: cleared the stale lock of process {stale} in {self.path} (it ended without "
-                    "releasing it)",
-                    file=sys.stderr,
+                LOGGER.warning(
+                    "cleared the stale lock of process %s in %s (it ended without releasing it)",
+                    stale,
+                    self.path,
                 )
             with writing(path):
                 os.ftruncate(fd, 0)

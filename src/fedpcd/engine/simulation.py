@@ -20,37 +20,55 @@ from fedpcd.engine.checkpoint import check_allowed_changes, check_checkpoint
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.guard import warn
 from fedpcd.engine.pool import worker_count
-from fedpcd.engine.rounds import open_run, run_rounds
+from fedpcd.engine.rounds import RecordHook, open_run, run_rounds
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 
 
 def run_local(
-    config: Config, resume: bool = False, progress: bool = True, allow_changes: Sequence[str] = ()
+    config: Config,
+    resume: bool = False,
+    progress: bool = True,
+    allow_changes: Sequence[str] = (),
+    on_record: RecordHook | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) an experiment in-process; writes the run directory and returns the summary.
 
     The run directory is locked for the run (a second process on it gets a UserError naming this one). A
     resume refuses a checkpoint written with another config, but for the ``allow_changes`` keys
-    (``checkpoint.RESUME_CHANGES``)."""
+    (``checkpoint.RESUME_CHANGES``). ``on_record``: called with each evaluated round's record
+    (``run_rounds``)."""
     with open_run(config, resume=resume, allow_changes=allow_changes) as (run_dir, checkpoint, fed):
         adaptive = config.engine.workers == "auto"
         executor = LocalExecutor(fed, worker_count(fed), adaptive=adaptive)
         try:
-            return run_rounds(config, run_dir, fed, executor, checkpoint, restart=resume, progress=progress)
+            return run_rounds(
+                config,
+                run_dir,
+                fed,
+                executor,
+                checkpoint,
+                restart=resume,
+                progress=progress,
+                on_record=on_record,
+            )
         finally:
             executor.close()
 
 
 def resume_run(
-    run_dir: str | Path, progress: bool = True, allow_changes: Sequence[str] = ()
+    run_dir: str | Path,
+    progress: bool = True,
+    allow_changes: Sequence[str] = (),
+    on_record: RecordHook | None = None,
 ) -> dict[str, Any]:
     """Continue an interrupted run from its last checkpoint, with its own resolved config.
 
     A run killed before its first checkpoint restarts from round 0 (its config.yaml is kept); a finished
     run (summary.json) is not run again: its summary is returned, unless ``rounds`` was raised (allowed in
     ``allow_changes``): then it goes on. A config.yaml changed since the checkpoint is refused with a
-    one-line diff, but for the ``allow_changes`` keys (only ``checkpoint.RESUME_CHANGES`` may be given)."""
+    one-line diff, but for the ``allow_changes`` keys (only ``checkpoint.RESUME_CHANGES`` may be given).
+    ``on_record``: called with each evaluated round's record (local backend only)."""
     check_allowed_changes(allow_changes)
     path = Path(run_dir)
     rd = RunDir(path)
@@ -62,6 +80,9 @@ def resume_run(
             f"no checkpoint in {path}: nothing to resume (not a fedpcd run directory: no config.yaml)"
         )
     config = load_run_config(rd.config, [f"output_dir={path}"])
+    from fedpcd.engine import check_record_hook  # the package imports this module
+
+    check_record_hook(config, on_record)
     if rd.summary.exists():
         if not rd.checkpoint.exists():
             return rd.read_summary()
@@ -75,4 +96,4 @@ def resume_run(
         from fedpcd.flower import run_flower
 
         return run_flower(config, progress=progress, resume=True, allow_changes=allow_changes)
-    return run_local(config, resume=True, progress=progress, allow_changes=allow_changes)
+    return run_local(config, resume=True, progress=progress, allow_changes=allow_changes, on_record=on_record)

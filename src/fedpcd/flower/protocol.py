@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from fedpcd.config import Config
+from fedpcd.config_input import MAX_CONFIG_BYTES, YamlRefused, load_yaml
 from fedpcd.errors import UserError
 
 TASK = "fedpcd"
@@ -41,8 +42,21 @@ def config_text(config: Config) -> str:
 
 
 def config_from_text(text: str) -> Config:
-    """The Config from :func:`config_text` (already resolved: validated, not resolved again)."""
-    return Config.model_validate(yaml.safe_load(text))
+    """The Config from :func:`config_text` (already resolved: validated, not resolved again), read as a config
+    file is (``fedpcd.config_input``: at most ``MAX_CONFIG_BYTES``, no aliases, bounded nesting and entries,
+    no key given twice); a message whose config breaks them: a one-line UserError."""
+    what = "the run's config in this message"
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
+        raise UserError(f"{what} is over {MAX_CONFIG_BYTES // 1024} KiB, the limit of a config file")
+    try:
+        tree = load_yaml(text)
+    except yaml.YAMLError:
+        raise UserError(f"{what} is not valid YAML") from None
+    except YamlRefused as exc:
+        raise UserError(f"{what} {exc}") from None
+    if not isinstance(tree, dict):
+        raise UserError(f"{what} must hold a mapping of keys, got {type(tree).__name__}")
+    return Config.model_validate(tree)
 
 
 def node_partition(node_config: Any) -> tuple[int, int | None]:

@@ -5,8 +5,9 @@ does; the ClientApps run in Ray actor processes (one CPU each). Ray binds to 127
 Ray keep their files in a temporary directory that is removed afterwards, and every process the run
 started is checked by pid at the end and stopped if Ray left it behind.
 
-Ctrl-C (SIGINT) or SIGTERM stop the run promptly: the ServerApp stops polling for replies, Ray is shut down
-and its processes are stopped, and the rounds written so far stay in the run directory. A SIGKILL, which no
+Ctrl-C (SIGINT) or SIGTERM stop the run promptly: the ServerApp stops polling for replies, the ClientApps
+are killed (silently: Ray's reports of the workers it lost are expected then), Ray is shut down and its
+processes are stopped, and the rounds written so far stay in the run directory. A SIGKILL, which no
 process can handle, is covered by a watchdog process (:mod:`fedpcd.flower.watchdog`) that stops what Ray
 left behind once the run's process is gone.
 """
@@ -164,6 +165,7 @@ def _run_simulation(
             # ClientApps still training: stopping them makes Flower's message workers, which wait for
             # them in ray.get, fail cleanly (ActorDiedError) before Ray is shut down under them
             flwr_log.setLevel(logging.CRITICAL)  # the workers' ActorDiedErrors are expected
+            _mute_ray_errors()  # ... and so are Ray's reports of the ClientApps it lost
             procs.stop(p for p in started if procs.alive(p) and _is_client_app(p))
             _join_new_threads(threads_before, timeout=5.0, workers=True)
             _shutdown_ray()
@@ -189,16 +191,19 @@ STOP_DEADLINE_S = 8.0  # after Ctrl-C, the most the clean-up may take before the
 
 
 def _on_signal(stop: threading.Event, deadline: list[threading.Timer]) -> Callable[[int, Any], None]:
-    """Ctrl-C or SIGTERM, in this order: tell the ServerApp to stop polling; stop the ClientApps, so that
-    Flower's message workers leave ``ray.get`` (an ActorDiedError, expected and not logged) before Flower
-    shuts Ray down under them (Ray then ends the whole process with exit code 1); raise KeyboardInterrupt
-    (SIGINT) or SystemExit(15) (SIGTERM, as Ray's own handler does). Should the clean-up still hang, the
-    process ends after STOP_DEADLINE_S; the watchdog stops Ray's processes then."""
+    """Ctrl-C or SIGTERM, in this order: tell the ServerApp to stop polling; stop printing Ray's error reports
+    (:func:`_mute_ray_errors`); kill the ClientApps (SIGKILL at once: one in a local update may take seconds
+    to act on SIGTERM, and none holds anything the run needs: the client states live in this process), so
+    that Flower's message workers leave ``ray.get`` (an ActorDiedError, expected and not logged) before
+    Flower shuts Ray down under them (Ray then ends the whole process with exit code 1); raise
+    KeyboardInterrupt (SIGINT) or SystemExit(15) (SIGTERM, as Ray's own handler does). Should the clean-up
+    still hang, the process ends after STOP_DEADLINE_S; the watchdog stops Ray's processes then."""
 
     def handler(signum: int, frame: Any) -> None:
         stop.set()
         logging.getLogger("flwr").setLevel(logging.CRITICAL)
-        procs.stop((p for p in procs.descendants(os.getpid()) if _is_client_app(p)), timeout=2.0)
+        _mute_ray_errors()
+        procs.stop((p for p in procs.descendants(os.getpid()) if _is_client_app(p)), timeout=0.0)
         timer = threading.Timer(STOP_DEADLINE_S, _end_now, args=(signum,))
         timer.daemon = True
         timer.start()
@@ -266,6 +271,23 @@ def _is_client_app(proc: procs.Proc) -> bool:
 
 def _is_message_worker(thread: threading.Thread) -> bool:
     return thread.name.startswith("ThreadPoolExecutor")  # Flower's vce_api runs messages in such a pool
+
+
+def _mute_ray_errors() -> None:
+    """Stop the thread of this (the driver's) process that prints the errors Ray's nodes report.
+
+    Ray reports every worker that ends in the middle of a task as "(raylet) A worker died or was killed ...
+    Worker exit type: SYSTEM_ERROR" on stdout, ``log_to_driver`` or not; once the run stops its ClientApps
+    itself those reports are expected, not news. Ray has no setting for it: this stops the thread as
+    ``ray.shutdown`` does, only earlier (``ray.shutdown`` then finds it stopped)."""
+    worker = getattr(sys.modules.get("ray._private.worker"), "global_worker", None)
+    listener = getattr(worker, "listener_thread", None)
+    subscriber = getattr(worker, "gcs_error_subscriber", None)
+    if listener is None or subscriber is None or not getattr(worker, "connected", False):
+        return  # Ray is not running (or is a version whose driver reports errors otherwise)
+    worker.threads_stopped.set()
+    subscriber.close()  # wakes the thread from its wait for the next report
+    listener.join(timeout=1.0)
 
 
 def _shutdown_ray() -> None:

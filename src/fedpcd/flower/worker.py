@@ -23,12 +23,12 @@ import contextlib
 import importlib
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from fedpcd.flower import _env
+from fedpcd.procs_guard import exit_when_gone
 
 _env.set_offline_defaults()
 
@@ -97,22 +97,6 @@ def run_task(
     return status == SubStatus.COMPLETED
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the process that started this worker is gone (no orphans if the launcher dies)."""
-
-    def loop() -> None:
-        while True:
-            time.sleep(0.5)
-            try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
-                os._exit(0)
-            except PermissionError:  # pragma: no cover - a different user's process: it exists
-                pass
-
-    threading.Thread(target=loop, daemon=True).start()
-
-
 def serve(
     address: str,
     *,
@@ -128,8 +112,8 @@ def serve(
     from flwr.supercore.constant import TaskType
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
 
-    if parent_pid is not None:
-        _watch_parent(parent_pid)
+    if parent_pid is not None:  # no orphan left serving if the launcher dies
+        exit_when_gone(parent_pid)
     certs = None if insecure or root_certificates is None else Path(root_certificates).read_bytes()
     client_app = load_app(app_ref)  # imports torch and fedpcd once, before the first task
     acquirer = _client(address, insecure, certs, [RuntimeVersionHttpInterceptor(component_name="SuperExec")])

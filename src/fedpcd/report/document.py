@@ -1,10 +1,13 @@
 """``fedpcd report``'s document: the markdown (and its figures) for the runs below a folder, with the papers'
-layout (``fedpcd.report.paper``) when the runs differ in method and setting."""
+layout (``fedpcd.report.paper``) when the runs differ in method and setting. Every figure written is linked
+from the markdown (relative paths), and :class:`Document` names the files written."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fedpcd.report import (
     code_mismatches,
@@ -31,7 +34,15 @@ def output_paths(out: str | Path) -> tuple[Path, Path]:
     return out / "report.md", out
 
 
-def write_report(
+@dataclass(frozen=True)
+class Document:
+    """A report: its markdown and the files written for it, the markdown file first (none without ``out``)."""
+
+    markdown: str
+    files: tuple[Path, ...]
+
+
+def make_report(
     root: str | Path,
     out: str | Path | None = None,
     last: int = 5,
@@ -42,11 +53,13 @@ def write_report(
     with_best: bool = False,
     title: str | None = None,
     notes: str | Path | None = None,
-) -> str:
+) -> Document:
     """Print-ready markdown for the runs below ``root``; with ``out``, also written there with its figures
-    (see ``output_paths``). Runs of several methods in several settings also get the papers' layout
-    (``fedpcd.report.paper``: methods x settings tables, communication, per-setting curves, partitions).
-    ``title`` becomes a heading and the markdown file ``notes`` a preamble under it."""
+    (see ``output_paths``), each linked from the markdown. Runs of several methods in several settings also
+    get the papers' layout (``fedpcd.report.paper``: methods x settings tables, communication, per-setting
+    curves, partitions, cells.csv); other runs get the curves of GA and PA-split (``plot_curves``) and, for a
+    single run, its accuracy per class. ``title`` becomes a heading and the markdown file ``notes`` a
+    preamble under it."""
     markdown, figures = output_paths(out) if out is not None else (None, None)
     if markdown is not None and figures is not None:  # refused before any work (--geometry takes minutes)
         check_writable(markdown)
@@ -83,18 +96,23 @@ def write_report(
         )
     varying, _ = group_runs(runs)
     sections = {k.partition(".")[0] for k in varying}
-    paper = ""
+    written: list[Path] = []
+
+    def link(path: Path) -> str:
+        return path.relative_to(markdown.parent).as_posix() if markdown is not None else str(path)
+
     if METHOD_SECTION in sections and len(sections) > 1:
-        grid = build_grid(runs)
-        paper = paper_sections(
-            grid, last, figures, lambda p: p.relative_to(markdown.parent).as_posix() if markdown else str(p)
-        )
+        paper, written = paper_sections(build_grid(runs), last, figures, link)
         text = intro + paper + f"\n## All runs\n\n{table}\n"
     else:
         text = intro + table + "\n"
-        if len(runs) == 1 and figures is not None and run_class_heatmap(runs[0], figures / "classes.png"):
-            rel = (figures / "classes.png").relative_to(markdown.parent).as_posix()
-            text += f"\n![accuracy per class]({rel})\n"
+        if figures is not None:
+            plot_curves(runs, figures / "curves.png")
+            written.append(figures / "curves.png")
+            text += f"\n![GA and PA-split over rounds]({link(written[-1])})\n"
+            if len(runs) == 1 and run_class_heatmap(runs[0], figures / "classes.png"):
+                written.append(figures / "classes.png")
+                text += f"\n![accuracy per class]({link(written[-1])})\n"
     if notes is not None:
         text = read_user_text(Path(notes), "notes file").strip() + "\n\n" + text
     unfinished = unfinished_runs(root)
@@ -106,10 +124,14 @@ def write_report(
         )
     if title:
         text = f"# {title}\n\n{text}"
-    if out is not None:
-        from fedpcd.utils import atomic_write_text
+    if markdown is None:
+        return Document(text, ())
+    from fedpcd.utils import atomic_write_text
 
-        atomic_write_text(markdown, text)
-        if not paper:
-            plot_curves(runs, figures / "curves.png")
-    return text
+    atomic_write_text(markdown, text)
+    return Document(text, (markdown, *written))
+
+
+def write_report(*args: Any, **kwargs: Any) -> str:
+    """:func:`make_report`'s markdown (its arguments)."""
+    return make_report(*args, **kwargs).markdown

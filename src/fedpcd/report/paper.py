@@ -396,9 +396,10 @@ def paper_sections(
     figures: Path | None,
     link: Callable[[Path], str],
     reference: str = "fedavg",
-) -> str:
+) -> tuple[str, list[Path]]:
     """The papers' tables (GA and PA-split, last and best), the communication view and, with ``figures``
-    (a folder), the per-setting curves and partition heatmaps written there and linked through ``link``."""
+    (a folder), the per-setting curves and heatmaps written there and linked through ``link``, and cells.csv.
+    Returns (the markdown, the files written)."""
     from fedpcd.data.stats import plot_counts
 
     last_rounds = last_rounds_phrase([r for members in grid.cells.values() for r in members], last, False)
@@ -438,25 +439,30 @@ def paper_sections(
             "reached it.\n\n"
             f"{comm}\n"
         )
+    written: list[Path] = []
     if figures is not None:
         curves, partitions, classes = [], [], []
         for setting in grid.settings:
             name = slug(setting)
             plot_setting_curves(grid, setting, figures / f"curves-{name}.png")
-            curves.append(f"![{setting}]({link(figures / f'curves-{name}.png')})")
+            written.append(figures / f"curves-{name}.png")
+            curves.append(f"![{setting}]({link(written[-1])})")
             if setting_class_heatmap(grid, setting, figures / f"classes-{name}.png"):
-                classes.append(f"![{setting} per class]({link(figures / f'classes-{name}.png')})")
+                written.append(figures / f"classes-{name}.png")
+                classes.append(f"![{setting} per class]({link(written[-1])})")
             first = next((runs[0] for (m, s), runs in grid.cells.items() if s == setting and runs), None)
             counts = partition_counts(first) if first is not None else None
             if counts is not None:
                 title = f"{setting}, seed {first.config['seed']}"
                 plot_counts(counts, figures / f"partition-{name}.png", title=title)
-                partitions.append(f"![{setting} partition]({link(figures / f'partition-{name}.png')})")
+                written.append(figures / f"partition-{name}.png")
+                partitions.append(f"![{setting} partition]({link(written[-1])})")
         atomic_write_text(figures / "cells.csv", cells_csv(grid, last))
+        written.append(figures / "cells.csv")
         parts.append("## Accuracy over rounds\n\n" + "\n\n".join(curves) + "\n")
         if classes:
             parts.append("## Global model accuracy per class\n\n" + "\n\n".join(classes) + "\n")
         if partitions:
             heading = "## Partitions (train samples per client and class)"
             parts.append(heading + "\n\n" + "\n".join(partitions) + "\n")
-    return "\n".join(parts)
+    return "\n".join(parts), written
