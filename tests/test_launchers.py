@@ -218,13 +218,16 @@ def test_parse_slurm_by_hand():
 
 def test_eta_without_a_fixed_number_of_jobs_divides_by_the_runs_running(tmp_path):
     """Slurm's queue decides how many run at once: 2 of 6 done (10 s and 20 s), 4 left: ETA 4 * 15 s / the
-    runs running now (at least 1)."""
+    runs running now (at least 1). A run counts as running once its process holds its lock."""
     progress = _Progress(total=6, done=0, todo=6, jobs=None)
     progress.end("a", "done", 10.0)
     progress.end("b", "done", 20.0)
     assert progress.line() == "sweep: 2/6 finished, 0 running; ETA 60 s"
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         progress.start(load_config(None, ["rounds=5", f"output_dir={tmp_path / f's{seed}'}"]))
+    for seed in (0, 1):  # their processes hold their locks; s2 is still queued
+        (tmp_path / f"s{seed}").mkdir()
+        (tmp_path / f"s{seed}" / ".lock").write_text(str(os.getpid()))
     assert progress.line() == "sweep: 2/6 finished, 2 running (s0 round 0/5, s1 round 0/5); ETA 30 s"
 
 

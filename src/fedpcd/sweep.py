@@ -239,8 +239,9 @@ class _Progress:
                 self.skipped += 1
 
     def line(self) -> str:
-        with self._lock:
-            running = dict(self.running)
+        with self._lock:  # a run handed to a launcher runs once its process holds the run's lock: a
+            # process pool marks one queued run more than it has workers as running
+            running = {out: total for out, total in self.running.items() if _holds_lock(out)}
             parts = [f"{self.done}/{self.total} finished", f"{len(running)} running"]
             if self.failed:
                 parts.append(f"{self.failed} failed")
@@ -258,6 +259,14 @@ class _Progress:
             f"{clip(Path(out).name, 40)} round {_last_round(out)}/{total}" for out, total in running.items()
         )
         return f"sweep: {', '.join(parts)}{f' ({rounds})' if rounds else ''}{eta}"
+
+
+def _holds_lock(out: str) -> bool:
+    """Whether a process holds the run's lock now (its pid is in ``.lock``, emptied on release)."""
+    try:
+        return RunFiles(out).lock_file.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _last_round(out: str) -> int:
