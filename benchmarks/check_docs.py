@@ -202,7 +202,7 @@ def seed_values(repo: Path, pattern: str, metric: str, last: str) -> dict[int, t
 
 def measured(repo: Path, spec: dict[str, str]) -> tuple[str, list[float], list[str]]:
     """(the cell's expected text, the per-seed values or paired differences, problems)."""
-    from fedpcd.report import _without_algorithm
+    from fedpcd.report import same_setting
 
     label = next(m.label for m in REPORTED if m.key == spec["metric"]) + (
         " best" if spec["last"] == "best" else ""
@@ -219,7 +219,7 @@ def measured(repo: Path, spec: dict[str, str]) -> tuple[str, list[float], list[s
         if seed not in theirs:
             problems.append(f"{spec['run']} seed {seed} has no run of {spec['ref']} to pair with")
             continue
-        if _without_algorithm(mine[seed][1]) != _without_algorithm(theirs[seed][1]):
+        if not same_setting(mine[seed][1], theirs[seed][1]):
             problems.append(
                 f"{spec['run']} seed {seed} and its {spec['ref']} run differ in more than the algorithm"
             )

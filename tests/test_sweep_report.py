@@ -202,3 +202,26 @@ def test_runs_written_before_a_key_existed_group_with_new_ones(tmp_path):
         (folder / "summary.json").write_text(json.dumps({"rounds": 1, "wall_s": 1.0}))
     _, groups = group_runs(load_runs(tmp_path))
     assert len(groups) == 1
+
+
+def test_a_preset_run_pairs_with_the_reference_in_its_setting_whatever_its_preset_sets(tmp_path):
+    """FedGELA's `official` preset sets local.grad_clip 20: that is part of the method, so its run pairs
+    with FedAvg's of the same seed; a run that differs in a key its preset does not set does not pair, and
+    neither does one whose preset key was set by the config to another value than the preset's."""
+    from fedpcd.config import load_config
+    from fedpcd.report import Run, paired_run, reference_runs, same_setting
+
+    def run(name: str, *overrides: str) -> Run:
+        config = load_config(None, ["seed=1", f"output_dir={tmp_path / name}", *overrides]).to_dict()
+        return Run(tmp_path / name, config, [], {})
+
+    fedavg = run("fedavg")
+    official = run("official", "algorithm.name=fedgela", "algorithm.preset=official", "local.epochs=2")
+    fedavg_e2 = run("fedavg_e2", "local.epochs=2")
+    refs = reference_runs([fedavg, fedavg_e2], "fedavg")
+    assert official.config["local"]["grad_clip"] == 20.0 and fedavg.config["local"]["grad_clip"] is None
+    assert paired_run(official, refs) is fedavg_e2 and same_setting(official, fedavg_e2)
+    assert not same_setting(official, fedavg)  # local.epochs: the config's, not the preset's
+    clipped_10 = run("c10", "algorithm.name=fedgela", "algorithm.preset=official", "local.epochs=2",
+                     "local.grad_clip=10")  # fmt: skip
+    assert paired_run(clipped_10, refs) is None

@@ -232,14 +232,42 @@ def rounds_cell(rounds: list[int | None]) -> str:
     return text if len(reached) == len(rounds) else f"{text} ({len(reached)}/{len(rounds)})"
 
 
-def _without_algorithm(run: Run) -> str:
-    """A run's whole setting but its algorithm (seed included): runs equal in it form a pair."""
+def _without_algorithm(run: Run, method_keys: frozenset[str] = frozenset()) -> str:
+    """A run's whole setting but its algorithm (seed included), and but ``method_keys``: runs equal in it
+    form a pair."""
     flat = _flatten(run_setting(run.config))
     return json.dumps(
-        {k: v for k, v in flat.items() if not k.startswith("algorithm.")},
+        {k: v for k, v in flat.items() if not k.startswith("algorithm.") and k not in method_keys},
         sort_keys=True,
         default=str,
     )
+
+
+def _preset_keys(run: Run) -> frozenset[str]:
+    """The keys outside ``algorithm.`` that the run's preset sets and the run has at the preset's value
+    (e.g. the released code's gradient clipping): they belong to the method, as its own options do."""
+    from fedpcd.algorithms.presets import preset_values
+
+    section = run.config.get("algorithm", {})
+    if section.get("preset") is None:
+        return frozenset()
+    flat = _flatten(run.config)
+    values = preset_values(section["name"], section["preset"])
+    return frozenset(k for k, v in values.items() if not k.startswith("algorithm.") and flat.get(k) == v)
+
+
+def same_setting(run: Run, other: Run) -> bool:
+    """Whether two runs differ only in their method: algorithm, and what their presets set."""
+    keys = _preset_keys(run) | _preset_keys(other)
+    return _without_algorithm(run, keys) == _without_algorithm(other, keys)
+
+
+def paired_run(run: Run, refs: dict[str, Run]) -> Run | None:
+    """``run``'s reference run among ``refs`` (``reference_runs``): the one in the same setting and seed."""
+    ref = refs.get(_without_algorithm(run))
+    if ref is not None or not _preset_keys(run):
+        return ref
+    return next((r for r in refs.values() if same_setting(run, r)), None)
 
 
 def reference_runs(runs: list[Run], algorithm: str) -> dict[str, Run]:
@@ -266,7 +294,7 @@ def code_mismatches(runs: list[Run], algorithm: str) -> list[str]:
     refs = reference_runs(runs, algorithm)
     out = []
     for run in runs:
-        ref = refs.get(_without_algorithm(run))
+        ref = paired_run(run, refs)
         if ref is None or ref is run:
             continue
         mine, theirs = run.summary.get(CODE), ref.summary.get(CODE)
@@ -414,7 +442,7 @@ def report_table(
             vals = [v for v in (last_mean(r.records, metric.key, last) for r in members) if v is not None]
             cells.append(mean_std(vals))
         if paired_with is not None:
-            pairs = [(run, refs.get(_without_algorithm(run))) for run in members]
+            pairs = [(run, paired_run(run, refs)) for run in members]
             for metric in HEADLINE:
                 diffs = []
                 for run, ref in pairs:

@@ -29,6 +29,7 @@ from fedpcd.report import (
     last_rounds_phrase,
     mean_bytes,
     mean_std,
+    paired_run,
     swing,
 )
 from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
@@ -77,7 +78,7 @@ def paired_differences(
             continue
         diffs = []
         for run in members:
-            ref = refs.get(_without_algorithm(run))
+            ref = paired_run(run, refs)
             mine = run_value(run, metric, protocol, last)
             theirs = run_value(ref, metric, protocol, last) if ref is not None else None
             if mine is not None and theirs is not None:
@@ -264,7 +265,7 @@ def communication_table(grid: Grid, reference: str = "fedavg") -> str | None:
         for setting in grid.settings:
             reached, tried = [], 0
             for run in grid.runs(method, setting):
-                ref = refs.get(_without_algorithm(run))
+                ref = paired_run(run, refs)
                 target = run_value(ref, GA.key, "best", 0) if ref is not None else None
                 if target is None or all(r.get(GA.key) is None for r in run.records):
                     continue
