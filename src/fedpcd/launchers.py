@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
@@ -47,6 +47,7 @@ from fedpcd.errors import UserError, choices, clip
 from fedpcd.procs_guard import POLL_S, die_with_parent
 
 RunResult = tuple[str, float | None, float]  # what sweep._run_one returns: folder, summary wall time, seconds
+RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep._run_one, handed in (it imports this module)
 LAUNCHERS = ("local", "ray", "slurm")
 CLUSTER_EXTRA = 'pip install "fedpcd[cluster]"'
 # --slurm KEY=VALUE: key -> (submitit's AutoExecutor parameter, type); time in minutes, mem in GB
@@ -82,8 +83,8 @@ class Launcher:
         """One line saying where the runs go (printed once it started)."""
         raise NotImplementedError
 
-    def submit(self, config_data: dict[str, Any], resume: bool) -> Any:
-        """Start ``sweep._run_one(config_data, resume)``; a handle for ``wait`` and ``result``."""
+    def submit(self, run: RunOne, config_data: dict[str, Any], resume: bool) -> Any:
+        """Start ``run(config_data, resume)`` (``sweep._run_one``); a handle for ``wait`` and ``result``."""
         raise NotImplementedError
 
     def wait(self, handles: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
@@ -152,11 +153,9 @@ class LocalLauncher(Launcher):
     def describe(self) -> str:
         return f"sweep: runs in {self.slots} worker processes on this machine"
 
-    def submit(self, config_data: dict[str, Any], resume: bool) -> Future[RunResult]:
-        from fedpcd.sweep import _run_one
-
+    def submit(self, run: RunOne, config_data: dict[str, Any], resume: bool) -> Future[RunResult]:
         assert self._pool is not None
-        return self._pool.submit(_run_one, config_data, resume)
+        return self._pool.submit(run, config_data, resume)
 
     def wait(self, handles: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
         done, pending = wait(handles, timeout=timeout, return_when=FIRST_COMPLETED)
@@ -175,14 +174,18 @@ class LocalLauncher(Launcher):
 
 
 def _run_remote(
-    cwd: str, cores: int | None, config_data: dict[str, Any], resume: bool, owner: int | None = None
+    run: RunOne,
+    cwd: str,
+    cores: int | None,
+    config_data: dict[str, Any],
+    resume: bool,
+    owner: int | None = None,
 ) -> tuple[bool, Any]:
-    """``sweep._run_one`` in a Ray worker or a Slurm job, started in the sweep's folder ``cwd`` (``cores``:
-    its ``FEDPCD_CORES``; ``owner``: a process on this machine whose end ends this one, the sweep's with
-    submitit's local processes): (True, its result), or (False, its exception, which the sweep raises) with
-    the traceback on this process's stderr (the run's log)."""
+    """``run`` (``sweep._run_one``) in a Ray worker or a Slurm job, started in the sweep's folder ``cwd``
+    (``cores``: its ``FEDPCD_CORES``; ``owner``: a process on this machine whose end ends this one, the
+    sweep's with submitit's local processes): (True, its result), or (False, its exception, which the sweep
+    raises) with the traceback on this process's stderr (the run's log)."""
     from fedpcd.engine.pool import CORES_VAR
-    from fedpcd.sweep import _run_one
 
     if owner is not None:  # Ctrl-C stops the run (started with it ignored, see SlurmLauncher.submit)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -191,7 +194,7 @@ def _run_remote(
         os.chdir(cwd)
         if cores is not None:
             os.environ[CORES_VAR] = str(cores)
-        return True, _run_one(config_data, resume)
+        return True, run(config_data, resume)
     except Exception as exc:
         traceback.print_exc()
         try:  # it travels pickled: one that does not come back intact is sent as its type and message
@@ -289,8 +292,8 @@ class RayLauncher(Launcher):
     def describe(self) -> str:
         return f"sweep: runs on {self._where()}, {self.slots} at a time, {self.cpus} CPU each"
 
-    def submit(self, config_data: dict[str, Any], resume: bool) -> Any:
-        ref = self._task.remote(os.getcwd(), self.cpus, config_data, resume)
+    def submit(self, run: RunOne, config_data: dict[str, Any], resume: bool) -> Any:
+        ref = self._task.remote(run, os.getcwd(), self.cpus, config_data, resume)
         self._active.add(ref)
         return ref
 
@@ -391,14 +394,14 @@ class SlurmLauncher(Launcher):
         at_once = f"at most {self.jobs} at a time" if self.jobs else "all at once"
         return f"sweep: one submitit job per run {where}, {at_once} (job files and logs: {self.folder})"
 
-    def submit(self, config_data: dict[str, Any], resume: bool) -> Any:
+    def submit(self, run: RunOne, config_data: dict[str, Any], resume: bool) -> Any:
         self._executor.update_parameters(name=f"fedpcd-{Path(config_data['output_dir']).name}"[:128])
         owner = os.getpid() if self.cluster == "local" else None  # Slurm's jobs are cancelled instead
         try:
             # submitit prints sbatch's errors (said below); its local controller processes, which Ctrl-C
             # would make print a traceback, start with SIGINT ignored: the run's process and the sweep act
             with contextlib.redirect_stderr(io.StringIO()), _sigint_ignored(owner is not None):
-                job = self._executor.submit(_run_remote, os.getcwd(), None, config_data, resume, owner)
+                job = self._executor.submit(_run_remote, run, os.getcwd(), None, config_data, resume, owner)
         except Exception as exc:  # sbatch refused it (a partition, a time limit): so it would every run
             why = "; ".join(line.strip() for line in str(exc).strip().splitlines()) or type(exc).__name__
             raise UserError(f"submitting a Slurm job failed: {clip(why, 300)}") from None

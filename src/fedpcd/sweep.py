@@ -419,7 +419,7 @@ def _run_launched(
     while queue or active:
         while queue and (launcher.slots is None or len(active) < launcher.slots):
             cfg, resume = queue.pop()
-            active[launcher.submit(cfg.to_dict(), resume)] = cfg
+            active[launcher.submit(_run_one, cfg.to_dict(), resume)] = cfg
         ended, running = launcher.wait(list(active), timeout=1.0)
         for handle in running:
             progress.start(active[handle])

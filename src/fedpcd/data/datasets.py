@@ -7,6 +7,7 @@ are index tensors into it (see ``fedpcd.data.partition``). The file formats have
 
 from __future__ import annotations
 
+import importlib
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -224,6 +225,7 @@ def channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]
 
 Loader = Callable[[Path | None, bool], Dataset]
 HF_PREFIX = "hf:"  # dataset names hf:<hub name>: any Hugging Face dataset (fedpcd.data.hf)
+HF_MODULE = "fedpcd.data.hf"
 
 
 class DatasetRegistry(Registry[Loader]):
@@ -232,9 +234,9 @@ class DatasetRegistry(Registry[Loader]):
     columns."""
 
     def get(self, name: str) -> Loader:
-        if isinstance(name, str) and name.startswith(HF_PREFIX):
-            from fedpcd.data.hf import hf_loader
-
+        if isinstance(name, str) and name.startswith(HF_PREFIX):  # loaded on demand, as a plugin's entry
+            # point is (the module builds on this one and needs the optional datasets package)
+            hf_loader = importlib.import_module(HF_MODULE).hf_loader
             return hf_loader(name)
         try:
             return super().get(name)

@@ -11,19 +11,10 @@ from fedpcd.engine.checkpoint import check_checkpoint
 from fedpcd.engine.federation import Federation, build_federation, set_threads
 from fedpcd.engine.rounds import RecordHook
 from fedpcd.engine.rundir import RunDir
-from fedpcd.engine.simulation import resume_run, run_local
+from fedpcd.engine.simulation import check_record_hook, resume_run, run_local
 from fedpcd.errors import UserError
 
 __all__ = ["check_record_hook", "open_run", "resume_run", "run_experiment", "run_local"]
-
-
-def check_record_hook(config: Config, on_record: RecordHook | None) -> None:
-    """Refuse a record hook for a run on the Flower backend, whose rounds run inside Flower's ServerApp."""
-    if on_record is not None and config.backend == "flower":
-        raise UserError(
-            "a per-round callback needs backend=local (a Flower run's rounds run inside Flower's ServerApp); "
-            "read the run's metrics.jsonl instead"
-        )
 
 
 def run_experiment(

@@ -132,8 +132,8 @@ def open_run(
 ) -> Iterator[tuple[RunDir, dict[str, Any] | None, Federation]]:
     """The set-up of a run on every backend, each check before the data is loaded: torch threads; a new
     run's ``output_dir`` checked (:meth:`RunDir.check_new`); the trackers' packages; then, with the run
-    directory locked and logging to its run.log (:func:`fedpcd.logs.run_log`) for the whole block, the
-    checkpoint a resume continues from (``checkpoint``: already read and checked by the caller) and the
+    directory locked, the checkpoint a resume continues from (``checkpoint``: already read and checked by
+    the caller), then, logging to its run.log (:func:`fedpcd.logs.run_log`) for the rest of the block, the
     federation (``federation``: already built by the caller). Yields (run directory, checkpoint or None,
     federation)."""
     set_threads(config)
@@ -143,12 +143,14 @@ def open_run(
     check_trackers(config)
     check_privacy(config)
     check_robust(config)
-    # both re-entrant: a Flower simulation's ServerApp thread takes them again
-    with run_dir.lock(), run_log(run_dir.path):
+    # both re-entrant: a Flower simulation's ServerApp thread takes them again; a refused resume (a changed
+    # config, a damaged checkpoint) leaves the folder as it was, its run.log included
+    with run_dir.lock():
         if checkpoint is None:
             checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
-        fed = federation if federation is not None else build_federation(config)
-        yield run_dir, checkpoint, fed
+        with run_log(run_dir.path):
+            fed = federation if federation is not None else build_federation(config)
+            yield run_dir, checkpoint, fed
 
 
 def play_round(

@@ -25,6 +25,15 @@ from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 
 
+def check_record_hook(config: Config, on_record: RecordHook | None) -> None:
+    """Refuse a record hook for a run on the Flower backend, whose rounds run inside Flower's ServerApp."""
+    if on_record is not None and config.backend == "flower":
+        raise UserError(
+            "a per-round callback needs backend=local (a Flower run's rounds run inside Flower's ServerApp); "
+            "read the run's metrics.jsonl instead"
+        )
+
+
 def run_local(
     config: Config,
     resume: bool = False,
@@ -80,8 +89,6 @@ def resume_run(
             f"no checkpoint in {path}: nothing to resume (not a fedpcd run directory: no config.yaml)"
         )
     config = load_run_config(rd.config, [f"output_dir={path}"])
-    from fedpcd.engine import check_record_hook  # the package imports this module
-
     check_record_hook(config, on_record)
     if rd.summary.exists():
         if not rd.checkpoint.exists():
