@@ -2,7 +2,8 @@
 
 Each run directory's config.yaml is read as a resume reads it (keys added since it was written take the value
 the run was made with) and run again into a temporary folder with ``engine.workers`` set; it prints one line
-per run and worker count, and exits 1 when any rerun differs. The reference is the archived metrics.jsonl, or
+per run and worker count (and the metrics today's code adds), and exits 1 when any rerun differs in a metric
+both have. The reference is the archived metrics.jsonl, or
 with ``--reference COMMIT`` a rerun of the same config by the code of that commit (checked out in a temporary
 git worktree): archives made on another machine or by older code can differ in the last bits, so a
 refactor's "bitwise the same" is proven against the commit before it, on one machine.
@@ -28,13 +29,16 @@ from fedpcd.config import load_run_config
 from fedpcd.engine.simulation import run_local
 
 ROOT = Path(__file__).resolve().parents[1]
-# a run by the reference commit's code (its own load_config: it knows no key added later)
+# a run by the reference commit's code (its own config reader: it knows no key added later)
 REFERENCE_RUN = """
 import sys, torch
 torch.set_num_threads(1)
-from fedpcd.config import load_config
+try:  # a run directory's config as a resume reads it, where the reference has that reader
+    from fedpcd.config import load_run_config as load
+except ImportError:
+    from fedpcd.config import load_config as load
 from fedpcd.engine.simulation import run_local
-run_local(load_config(sys.argv[1], sys.argv[2:]), progress=False)
+run_local(load(sys.argv[1], sys.argv[2:]), progress=False)
 """
 
 
@@ -84,12 +88,16 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.perf_counter()
                     run_local(load_run_config(run / "config.yaml", overrides), progress=False)
                     got = records(out / "metrics.jsonl")
-                    verdict = "bitwise identical" if got == want else "DIFFERS"
-                    same &= got == want
+                    # metrics added since the reference was made are listed, every other one compared
+                    added = sorted({k for row in got for k in row} - {k for row in want for k in row})
+                    shared = [{k: v for k, v in row.items() if k not in added} for row in got]
+                    verdict = "bitwise identical" if shared == want else "DIFFERS"
+                    same &= shared == want
                     against = f"commit {args.reference}" if src else "the archive"
+                    new = f"; new metrics: {', '.join(added)}" if added else ""
                     print(
                         f"{run} workers={workers}: {verdict} to {against} ({len(got)} records, "
-                        f"{time.perf_counter() - t0:.0f} s)",
+                        f"{time.perf_counter() - t0:.0f} s{new})",
                         flush=True,
                     )
         finally:
