@@ -137,6 +137,7 @@ def test_progress_line_counts_running_rounds_and_eta(tmp_path):
     cfg = load_config(None, [*RUN, "rounds=7", f"output_dir={tmp_path / 'seed3'}"])
     (tmp_path / "seed3").mkdir()
     (tmp_path / "seed3" / "metrics.jsonl").write_text('{"round": 1}\n{"round": 4}\n{"rou')  # torn last line
+    (tmp_path / "seed3" / ".lock").write_text(str(os.getpid()))  # its process holds the run's lock
     progress = _Progress(total=5, done=0, todo=5, jobs=2)
     progress.end("a", "done", 10.0)
     progress.end("b", "done", 20.0)
