@@ -401,15 +401,13 @@ def _run_number(run: object, spec: dict[str, str]) -> list[float]:
     return [] if value is None else [scale * value]
 
 
-def _setting(run: object, spec: dict[str, str]) -> dict[str, object]:
-    """A run's setting but its algorithm and the config keys named in the check's ``vary=`` (comma-separated):
-    two runs equal in it form a pair."""
-    from fedpcd.config import run_setting
-    from fedpcd.report import _flatten
+def _same_setting(run: object, other: object, spec: dict[str, str]) -> bool:
+    """Whether two runs differ only in their method (algorithm and what their presets set) and in the config
+    keys named in the check's ``vary=`` (comma-separated): then they form a pair."""
+    from fedpcd.report import _preset_keys, _without_algorithm
 
-    vary = spec.get("vary", "").split(",")
-    flat = _flatten(run_setting(run.config))  # type: ignore[attr-defined]
-    return {k: v for k, v in flat.items() if not k.startswith("algorithm.") and k not in vary}
+    keys = frozenset(spec.get("vary", "").split(",")) | _preset_keys(run) | _preset_keys(other)  # type: ignore[arg-type]
+    return _without_algorithm(run, keys) == _without_algorithm(other, keys)  # type: ignore[arg-type]
 
 
 def claim_values(repo: Path, spec: dict[str, str]) -> tuple[list[float], list[float], list[str]]:
@@ -454,7 +452,7 @@ def claim_values(repo: Path, spec: dict[str, str]) -> tuple[list[float], list[fl
         if seed not in theirs or len(theirs[seed][0]) != 1 or len(mine[seed][0]) != 1:
             problems.append(f"{spec['run']} seed {seed} has no single value of {spec['ref']} to pair with")
             continue
-        if _setting(mine[seed][1], spec) != _setting(theirs[seed][1], spec):
+        if not _same_setting(mine[seed][1], theirs[seed][1], spec):
             problems.append(
                 f"{spec['run']} seed {seed} and its {spec['ref']} run differ in more than the algorithm"
             )
