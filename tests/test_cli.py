@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 import fedpcd
 from conftest import requires_fmnist
+from doc_blocks import blocks, fedpcd_commands
 from fedpcd.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,23 +138,18 @@ def test_overrides_may_stand_between_options(tmp_path):
 
 
 def _readme_use_commands() -> list[list[str]]:
-    """The `fedpcd ...` commands of the README's "Use" block, continuation lines joined, comments dropped."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("## Use", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    commands, current = [], ""
-    for line in block.splitlines():
-        line = line.split("  #", 1)[0].rstrip()
-        if line.startswith("fedpcd ") or current:
-            current += " " + line.rstrip("\\")
-            if not line.endswith("\\"):
-                commands.append(shlex.split(current))
-                current = ""
-    return commands
+    """The `fedpcd ...` commands of the README's blocks that a reader runs, in order (tests/doc_blocks.py)."""
+    return [
+        ["fedpcd", *argv]
+        for block in blocks("README.md")
+        if block.runs and block.lang == "bash"
+        for argv in fedpcd_commands(block.code)
+    ]
 
 
 def test_readme_use_commands_that_need_no_training_run_on_a_fresh_clone(tmp_path, monkeypatch, capsys):
-    """Every command of the README's "Use" block that trains nothing runs, in the order written, from a
-    folder holding only the repository's configs/ and docs/ (what a fresh clone has)."""
+    """Every command of the README's blocks that trains nothing runs, in the order written, from a folder
+    holding only the repository's configs/ and docs/ (what a fresh clone has)."""
     commands = _readme_use_commands()
     assert ["fedpcd", "--version"] in commands and len(commands) >= 8
     for name in ("configs", "docs"):

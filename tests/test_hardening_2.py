@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -387,6 +388,54 @@ def test_sigterm_on_a_local_run_is_like_ctrl_c(tmp_path):
     assert proc.returncode == 143
     assert err == f"fedpcd: interrupted (resume with: fedpcd run --resume {out})\n"
     assert (out / ".lock").read_text() == ""
+
+
+def test_sigterm_on_a_sweep_stops_its_workers_runs_at_once(tmp_path):
+    """SIGTERM to `fedpcd sweep --jobs 2` (the sweep only, not its process group, as `kill PID` sends it)
+    stops the runs its workers hold, as Ctrl-C does: exit 143, one line, no process left, each run
+    unfinished with its lock released, and the same command resumes them. (Waiting for the runs to end
+    instead, the sweep would exit only after 10000 rounds.)"""
+    out = tmp_path / "grid"
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "dataset": {"name": "synthetic"}, "model": {"name": "mlp", "hidden": 8}, "clients": 2,
+        "rounds": 10000, "engine": {"workers": 1}, "output_dir": str(out), "sweep": {"seed": [0, 1, 2]},
+    }))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedpcd.cli", "sweep", "--quiet", "--config", str(sweep), "--jobs", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    started = [out / "seed0" / "metrics.jsonl", out / "seed1" / "metrics.jsonl"]
+    try:
+        for _ in range(3000):  # both workers' runs have done a round
+            if all(m.exists() and m.read_text() for m in started):
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=600)
+        psutil.wait_procs(workers, timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143
+    assert err == f"fedpcd: interrupted (resume with: fedpcd sweep --config {sweep})\n"
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    for seed in (0, 1):
+        run = out / f"seed{seed}"
+        assert not (run / "summary.json").exists() and (run / ".lock").read_text() == ""
+    assert not (out / "seed2").exists()  # queued: never started
+    listed = subprocess.run(
+        [sys.executable, "-m", "fedpcd.cli", "sweep", "--config", str(sweep), "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert listed == ["resume", str(out / "seed0"), "resume", str(out / "seed1"), "new", str(out / "seed2")]
 
 
 # ----- checkpoints checked against the model's shapes -------------------------------------------------

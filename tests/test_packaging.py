@@ -3,7 +3,8 @@
 The slow tests build the wheel from a copy of the project's packaging inputs (pyproject.toml, README.md,
 LICENSE, src/), check what it holds and `twine check` it, then make ONE virtual environment with the system
 Python (module-scoped fixture ``venv``) holding torch and the wheel, nothing of this checkout: there they
-run `fedpcd --version`, a short `fedpcd demo`, and the plugin of docs/plugins.md (built from the page's own
+run `fedpcd --version`, a short `fedpcd demo`, README's and getting-started's blocks in a fresh folder
+(tests/doc_blocks.py), the tutorial notebook, and the plugin of docs/plugins.md (built from the page's own
 blocks and installed as a package), seen by `fedpcd list` and by the worker processes of
 `fedpcd sweep --jobs 2`. They are marked `release` (they install from the network): `make check-release`
 runs them, not `make test`. The fast tests load entry points in-process through a replaced
@@ -28,6 +29,7 @@ import pytest
 
 import fedpcd.registry
 from conftest import requires_fmnist
+from doc_blocks import PAGES, block_code, blocks
 from fedpcd.algorithms import ALGORITHMS, FedAvg, algorithm_params
 from fedpcd.cli import main
 from fedpcd.data.datasets import DATASETS
@@ -90,16 +92,21 @@ class Venv:
     root: Path
     cwd: Path
 
+    def env(self) -> dict[str, str]:
+        env = {**clean_env(self.root / "bin"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env["VIRTUAL_ENV"] = str(self.root)  # as `source bin/activate` sets it
+        env["MPLBACKEND"] = "Agg"
+        # pip installs without compiling; the first process that imports a module caches its bytecode
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        return env
+
     def run(
         self, program: str, *args: object, timeout: float = INSTALL_TIMEOUT
     ) -> subprocess.CompletedProcess[str]:
-        env = {**clean_env(self.root / "bin"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        # pip installs without compiling; the first process that imports a module caches its bytecode
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
         return subprocess.run(
             [str(self.root / "bin" / program), *map(str, args)],
             cwd=self.cwd,
-            env=env,
+            env=self.env(),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -286,6 +293,36 @@ def test_the_tutorial_notebook_runs_in_the_fresh_environment(venv: Venv):
     module, rows = venv.ok("python", "run_notebook.py").split()[-2:]
     assert Path(module).resolve().is_relative_to(venv.root.resolve())  # the wheel's fedpcd ran it
     assert int(rows) > 0  # the notebook's GA / PA-split comparison has rows
+
+
+@pytest.mark.slow
+@pytest.mark.release
+@needs_system_python
+@requires_fmnist
+@pytest.mark.parametrize("page", PAGES)
+def test_the_pages_blocks_run_from_the_wheel_in_a_fresh_folder(venv: Venv, page: str):
+    """What a reader of the page runs after `pip install` (every bash and python block but those marked
+    `skip` or `clone`), as written (shortened where a `with` directive says so), in order, in an empty
+    folder, with the wheel environment's bin/ first on PATH: no file of this checkout is there."""
+    folder = venv.cwd / "pages" / page.replace("/", "-")
+    folder.mkdir(parents=True)
+    ran = 0
+    for block in blocks(page):
+        if block.lang == "yaml" and block.save_as:
+            (folder / block.save_as).write_text(block.code, encoding="utf-8")
+        elif block.runs and not block.in_clone:
+            code = block_code(block)
+            cmd = ["bash", "-e", "-o", "pipefail", "-c", code]
+            if block.lang == "python":
+                cmd = [str(venv.root / "bin" / "python"), "-c", code]
+            done = subprocess.run(
+                cmd, cwd=folder, env=venv.env(), capture_output=True, text=True, timeout=INSTALL_TIMEOUT
+            )
+            output = f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            assert done.returncode == 0, f"{block} failed:\n{code}\n--- output ---\n{output}"
+            ran += 1
+    assert ran >= 2
+    assert not (folder / "configs").exists()  # the commands took the shipped configs by name
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+import fedpcd.api
 import fedpcd.engine
 import fedpcd.logs
+import fedpcd.sweep
 from fedpcd.cli import INIT_FILE, LIST_WIDTH, main
 from fedpcd.config import config_yaml, load_config
 from fedpcd.config_input import config_path, shipped_configs
@@ -110,6 +112,22 @@ def test_every_command_with_a_config_takes_a_shipped_name(tmp_path, monkeypatch,
         line = _error_line(capsys)
         assert line.startswith("fedpcd: error: config file not found: no-such-config;")
         assert line.endswith("(`fedpcd list configs` shows them)")
+
+
+def test_the_api_takes_a_shipped_name_as_the_command_line_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no configs/ folder here: a pip user's working folder
+    assert fedpcd.load_config("example") == load_config(str(EXAMPLE))
+    assert fedpcd.load_config("demo.yaml", ["seed=1"]).seed == 1
+    with pytest.raises(UserError, match=r"^config file not found: configs/example.yaml; .* --config example"):
+        fedpcd.load_config("configs/example.yaml")
+    small = {"dataset__name": "digits", "model__name": "mlp", "model__hidden": 4, "clients": 2}
+    result = fedpcd.run("example", rounds=1, output_dir="runs/api", **small)
+    assert result.config.rounds == 1 and result.config.local.lr == load_config(str(EXAMPLE)).local.lr
+    swept = []
+    monkeypatch.setattr(fedpcd.sweep, "run_sweep", lambda path, items, jobs: swept.append((path, items)))
+    with pytest.raises(UserError, match="no sweep index"):  # nothing ran: no index to return
+        fedpcd.api.sweep("repro/fedmr-fmnist", overrides={"rounds": 1})
+    assert swept == [(str(PACKAGE_CONFIGS / "repro" / "fedmr-fmnist.yaml"), ["rounds=1"])]
 
 
 def test_init_writes_the_example_and_never_overwrites(tmp_path, monkeypatch, capsys):

@@ -1,90 +1,25 @@
-"""Every ```bash and ```python block of README.md and docs/getting-started.md runs as written, in order, on
-a fresh copy of the repository (the working tree's files that git tracks or would track, so uncommitted
-edits count) with this environment's bin/ first on PATH, as a reader following the page would run them.
-
-A page may say how the test shortens a block, in a comment right above it that a reader of the page's
-source sees:
-
-- ``<!-- doc-test: with KEY=VALUE ... -->``: these overrides are added to each ``fedpcd run --config``,
-  ``fedpcd sweep --config`` and ``fedpcd demo`` command of the block (fewer rounds, less data: the
-  commands stay the same, the runs get short);
-- ``<!-- doc-test: skip: REASON -->``: the block is not run (the set-up block: it installs the project,
-  which ``make check-release`` tests, and ``make test`` would run this suite inside itself).
-
-A ```yaml block under a sentence ending in "Save this as `NAME`:" is written to NAME, as the reader does.
-The pages' runs take minutes even shortened, so the test that runs them is marked `release` (`make
-check-release`, which CI runs after `make test`); the parsing tests run in the default suite.
+"""The documentation pages' commands (tests/doc_blocks.py says how the pages' blocks are read and where each
+runs): the blocks marked `clone` run as written, in order, in a fresh copy of the repository (the working
+tree's files that git tracks or would track, so uncommitted edits count) with this environment's bin/ first
+on PATH; the other blocks of the runner pages run from the wheel in a fresh folder (tests/test_packaging.py).
+Running them takes minutes, so those tests are marked `release` (`make check-release`, which CI runs after
+`make test`); the parsing tests and the check of every page's `fedpcd` commands run in the default suite.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import requires_fmnist
-
-ROOT = Path(__file__).resolve().parents[1]
-PAGES = ("README.md", "docs/getting-started.md")
-FENCE = re.compile(r"^```(?P<lang>[\w-]*)[^\n]*\n(?P<code>.*?)^```$", re.MULTILINE | re.DOTALL)
-DIRECTIVE = re.compile(r"<!-- doc-test: (?P<what>skip|with)(?::)? (?P<arg>.*?) -->\s*$")
-SAVE_AS = re.compile(r"Save this as `(?P<name>[^`]+)`:\s*$")
-# the commands a `with` directive shortens: up to the end of the command, before a trailing comment
-SHORTENED = re.compile(r"^(?P<cmd>fedpcd (?:run --config|sweep --config|demo)\b.*?)(?P<comment>\s+#.*)?$")
-
-
-@dataclass(frozen=True)
-class Block:
-    page: str
-    line: int  # of the opening fence, 1-based
-    lang: str
-    code: str
-    directive: tuple[str, str] | None  # ("skip", reason) or ("with", overrides)
-    save_as: str | None
-
-    def __str__(self) -> str:
-        return f"{self.page}:{self.line} ({self.lang})"
-
-
-def blocks(page: str) -> list[Block]:
-    """The page's fenced blocks with what the text right above each says about it."""
-    text = (ROOT / page).read_text(encoding="utf-8")
-    found, previous_end = [], 0
-    for match in FENCE.finditer(text):
-        above = text[previous_end : match.start()].rstrip("\n")
-        last_line = above.rsplit("\n", 1)[-1]
-        directive = DIRECTIVE.search(last_line)
-        save_as = SAVE_AS.search(above)
-        found.append(
-            Block(
-                page=page,
-                line=text.count("\n", 0, match.start()) + 1,
-                lang=match["lang"],
-                code=match["code"],
-                directive=(directive["what"], directive["arg"]) if directive else None,
-                save_as=save_as["name"] if save_as else None,
-            )
-        )
-        previous_end = match.end()
-    return found
-
-
-def shortened(code: str, overrides: str) -> str:
-    """``code`` with ``overrides`` added to each command that SHORTENED matches (continuation lines
-    joined first, so they go at the end of the whole command)."""
-    lines = code.replace("\\\n", " ").splitlines()
-    out = []
-    for line in lines:
-        match = SHORTENED.match(line)
-        out.append(f"{match['cmd']} {overrides}{match['comment'] or ''}" if match else line)
-    assert any(SHORTENED.match(line) for line in lines), "a `with` directive above a block it cannot shorten"
-    return "\n".join(out) + "\n"
+from doc_blocks import PAGES, ROOT, block_code, blocks, doc_pages, fedpcd_commands, shortened
+from fedpcd.cli import INIT_FILE, parse_args
+from fedpcd.config_input import config_path
+from fedpcd.errors import UserError
 
 
 def fresh_copy(dest: Path) -> Path:
@@ -116,30 +51,20 @@ def environment() -> dict[str, str]:
     return env
 
 
-def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
-    if block.lang == "bash":
-        code = block.code
-        if block.directive and block.directive[0] == "with":
-            code = shortened(code, block.directive[1])
-        cmd = ["bash", "-e", "-o", "pipefail", "-c", code]
-    else:
-        assert not block.directive, f"{block}: only bash blocks take a `with` directive"
-        cmd = [sys.executable, "-c", block.code]
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    output = f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
-    assert done.returncode == 0, f"{block} failed:\n{cmd[-1]}\n--- output ---\n{output}"
-
-
 def test_the_pages_blocks_are_found_with_their_directives():
-    """What the runner sees (a renamed fence or a mistyped directive would silently run less)."""
+    """What the runners see (a renamed fence or a mistyped directive would silently run less)."""
     readme = blocks("README.md")
-    assert [b.lang for b in readme if b.lang in ("bash", "python")] == ["bash", "bash", "python"]
-    assert readme[0].directive is not None and readme[0].directive[0] == "skip"
+    assert [(b.lang, b.runs, b.in_clone) for b in readme if b.lang in ("bash", "python")] == [
+        ("bash", False, False),  # set-up: skipped
+        ("bash", True, False),  # the commands: from the wheel, shortened
+        ("bash", True, True),  # reports of the archived runs: in a clone
+        ("python", True, False),
+    ]
     assert readme[1].directive is not None and readme[1].directive[0] == "with"
     guide = blocks("docs/getting-started.md")
     assert guide[0].directive is not None and guide[0].directive[0] == "skip"
-    yaml_blocks = [b for b in guide if b.lang == "yaml"]
-    assert [b.save_as for b in yaml_blocks] == ["my-sweep.yaml"]
+    assert [b.save_as for b in guide if b.lang == "yaml"] == ["my-sweep.yaml"]
+    assert [b.line for b in guide if b.in_clone] == [b.line for b in guide if "docs/results/runs" in b.code]
     assert all(b.lang in ("bash", "python", "yaml", "") for page in PAGES for b in blocks(page))
 
 
@@ -158,18 +83,69 @@ def test_a_with_directive_adds_its_overrides_at_the_end_of_each_command():
     )
 
 
+def test_the_commands_of_a_block_are_split_as_the_shell_splits_them():
+    code = (
+        "fedpcd list | grep plugin_   # a pipeline\n"
+        "fedpcd sweep --config 'my sweep.yaml' \\\n    --jobs 2\n"
+        "cd runs && fedpcd report x\n"
+        "# fedpcd run in a comment\n"
+    )
+    assert fedpcd_commands(code) == [
+        ["list"],
+        ["sweep", "--config", "my sweep.yaml", "--jobs", "2"],
+        ["report", "x"],
+    ]
+
+
+def reader_files() -> set[str]:
+    """The config files the pages have the reader write: each "Save this as" block's, `fedpcd init`'s."""
+    return {INIT_FILE} | {b.save_as for page in doc_pages() for b in blocks(page) if b.save_as}
+
+
+def test_every_fedpcd_command_of_every_page_parses_and_names_a_config_that_exists(tmp_path, monkeypatch):
+    """On any page (the site's, the results pages, the README): the command line is one `fedpcd` accepts,
+    and its --config is a shipped config's name or a file the pages have the reader write, so it runs
+    after `pip install` in any folder (an empty one here), not only in a clone."""
+    monkeypatch.chdir(tmp_path)
+    written = reader_files()
+    seen = set()
+    for page in doc_pages():
+        for block in blocks(page):
+            if block.lang != "bash":
+                continue
+            for argv in fedpcd_commands(block.code):
+                where = f"{block}: fedpcd {' '.join(argv)}"
+                try:
+                    args = parse_args(argv)
+                except SystemExit as exc:  # --version and --help exit 0 once parsed
+                    assert exc.code == 0, f"{where}: the command line does not parse (exit {exc.code})"
+                    continue
+                config = getattr(args, "config", None)
+                if config and config not in written:
+                    try:
+                        config_path(config)
+                    except UserError as exc:
+                        pytest.fail(f"{where}: {exc}")
+                seen.add(page)
+    # the pages whose commands a reader types (a renamed fence would silently check less)
+    assert {"README.md", "docs/getting-started.md", "docs/cluster.md", "docs/flower.md", "docs/plugins.md",
+            "docs/results/fednh.md", "docs/results/fedgela.md"} <= seen  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.release  # minutes each (the README's ~16 on a loaded 2-core machine): `make check-release`
-@requires_fmnist
-@pytest.mark.parametrize("page", PAGES)
-def test_every_block_of_the_page_runs_as_written_in_order(page, tmp_path):
+@pytest.mark.release  # the archived runs' reports: a minute or two
+@pytest.mark.parametrize("page", [p for p in PAGES if any(b.in_clone for b in blocks(p))])
+def test_the_blocks_that_need_the_repository_run_in_a_fresh_copy(page, tmp_path):
     copy = fresh_copy(tmp_path / "clone")
     env = environment()
     ran = 0
     for block in blocks(page):
-        if block.lang == "yaml" and block.save_as:
-            (copy / block.save_as).write_text(block.code, encoding="utf-8")
-        elif block.lang in ("bash", "python") and not (block.directive and block.directive[0] == "skip"):
-            run_block(block, copy, env)
+        if block.in_clone:
+            cmd = ["bash", "-e", "-o", "pipefail", "-c", block_code(block)]
+            if block.lang == "python":
+                cmd = [sys.executable, "-c", block_code(block)]
+            done = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True)
+            output = f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            assert done.returncode == 0, f"{block} failed:\n{cmd[-1]}\n--- output ---\n{output}"
             ran += 1
-    assert ran >= 2
+    assert ran >= 1

@@ -42,7 +42,7 @@ from fedpcd.config import (
     load_run_config,
     run_setting,
 )
-from fedpcd.config_input import read_yaml
+from fedpcd.config_input import config_path, read_yaml
 from fedpcd.errors import UserError, choices, clip, short
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.run_format import RunFiles
@@ -118,7 +118,7 @@ def _resolve(config: str | os.PathLike[str] | Config | Mapping[str, Any] | None,
     if config is None:
         raw: dict[str, Any] = {}
     elif isinstance(config, (str, os.PathLike)):
-        raw = read_yaml(config)
+        raw = read_yaml(config_path(os.fspath(config)))
     elif isinstance(config, Config):
         raw = config.to_dict()
     elif isinstance(config, Mapping):
@@ -161,9 +161,9 @@ def run(
     holds a run unless ``resume`` is set.
 
     Args:
-        config: A YAML file, a `Config`, a mapping of config keys, or None (every default). With
-            ``resume``, also a run directory: that run continues with its config.yaml, as
-            ``fedpcd run --resume RUN_DIR`` does.
+        config: A YAML file (or the name of a shipped config, as ``--config`` takes), a `Config`, a
+            mapping of config keys, or None (every default). With ``resume``, also a run directory: that
+            run continues with its config.yaml, as ``fedpcd run --resume RUN_DIR`` does.
         resume: Continue the run in ``output_dir`` from its last checkpoint (``fedpcd run --resume``'s own
             code); a finished run is returned as it is, a folder without a run starts it. The run there
             must have been made with this config (but for ``output_dir``, ``tracking`` and
@@ -228,14 +228,15 @@ def _override_items(overrides: Mapping[str, Any] | None) -> list[str]:
 
 
 def sweep(
-    config_path: str | os.PathLike[str], *, jobs: int = 1, overrides: Mapping[str, Any] | None = None
+    sweep_file: str | os.PathLike[str], *, jobs: int = 1, overrides: Mapping[str, Any] | None = None
 ) -> pd.DataFrame:
     """Run a sweep file's grid, as ``fedpcd sweep`` does, and return its index.
 
     Finished runs are skipped, stopped ones resumed; progress lines are printed as on the command line.
 
     Args:
-        config_path: A sweep file: a config with a top-level ``sweep:`` mapping of keys to lists of values.
+        sweep_file: A sweep file: a config with a top-level ``sweep:`` mapping of keys to lists of values
+            (or a shipped one's name, e.g. ``headline/fednh-fmnist``).
         jobs: Runs in parallel (processes).
         overrides: Config keys (dotted, or with ``__``) and values applied to every run, e.g.
             ``{"rounds": 2, "local.lr": 0.05}``.
@@ -252,8 +253,9 @@ def sweep(
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UserError(f"jobs must be a whole number >= 1, got {short(jobs)}")
     items = _override_items(overrides)
-    run_sweep(config_path, items, jobs=jobs)
-    return load_index(index_path(config_path, items))
+    path = config_path(os.fspath(sweep_file))
+    run_sweep(path, items, jobs=jobs)
+    return load_index(index_path(path, items))
 
 
 def _tables(markdown: str) -> dict[str, pd.DataFrame]:

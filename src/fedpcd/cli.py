@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd import __version__
-from fedpcd.errors import UserError
+from fedpcd.errors import Terminated, UserError
 from fedpcd.procs_guard import out_of_memory_line  # at start: under a memory limit a late import fails
 
 # Only the standard library and fedpcd's light modules load at import: `fedpcd --help`, a missing config,
@@ -429,7 +429,8 @@ def _add_verbosity(parser: argparse.ArgumentParser, prefix: str = "", quiet_note
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's arguments; a malformed one: argparse's usage line and exit code 2."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # KEY=VALUE overrides may stand anywhere between the options
@@ -439,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     args.verbose += args.sub_verbose
     args.quiet += args.sub_quiet  # run and demo: no progress bar
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         with _terminate_as_interrupt():
             from fedpcd import logs
@@ -460,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         hint = getattr(args, "resume_hint", None)
         print(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}", file=sys.stderr)
-        if isinstance(exc, _Terminated):
+        if isinstance(exc, Terminated):
             return 128 + int(signal.SIGTERM)
         return 130 if isinstance(exc, KeyboardInterrupt) else int(signal.SIGTERM)
     except (MemoryError, ImportError, RuntimeError, SystemError) as exc:  # memory ran out? else re-raised
@@ -475,16 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C: the run stops where it is, its lock released, its resume command said."""
-
-
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`_Terminated` in the main thread for the block (elsewhere: no change)."""
+    """SIGTERM raises :class:`Terminated` in the main thread for the block (elsewhere: no change)."""
 
     def terminate(signum: int, frame: Any) -> None:
-        raise _Terminated
+        raise Terminated
 
     if threading.current_thread() is not threading.main_thread():
         yield

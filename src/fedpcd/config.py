@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedpcd.config_input import check_values, merge_dicts, parse_overrides, read_yaml
+from fedpcd.config_input import check_values, config_path, merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import UserError, clip, short
 from fedpcd.params import LocalTraining, Section, validate_params
 
@@ -487,7 +488,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     algorithm drops the file's other keys of that section.
 
     Args:
-        path: A YAML config file; None: every default.
+        path: A YAML config file, or the name of a config the package ships (``example``,
+            ``headline/fednh-fmnist``: ``fedpcd list configs``); None: every default.
         overrides: ``KEY=VALUE`` items with dotted keys, values read as YAML (``["partition.beta=0.1",
             "rounds=5"]``), as on the command line.
 
@@ -498,7 +500,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         UserError: A missing or invalid file, an unknown key or name, a bad value: one line naming it and
             the valid choices.
     """
-    raw = read_yaml(path) if path is not None else {}
+    raw = read_yaml(config_path(os.fspath(path))) if path is not None else {}
     return config_from_dict(apply_overrides(raw, parse_overrides(overrides or [])))
 
 

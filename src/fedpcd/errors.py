@@ -71,3 +71,9 @@ class DivergenceError(UserError):
 
 class RunInUseError(UserError):
     """A run directory is locked by another live fedpcd process (a second run or resume would interleave)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C: the run stops where it is, its lock released, its resume command said.
+    Unlike Ctrl-C at a terminal, which reaches every process of the foreground group, SIGTERM reached this
+    process only: whatever it started (a sweep's worker processes) is told to stop by it."""

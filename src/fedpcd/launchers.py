@@ -43,7 +43,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fedpcd.errors import UserError, choices, clip
+from fedpcd.errors import Terminated, UserError, choices, clip
 from fedpcd.procs_guard import POLL_S, die_with_parent
 
 RunResult = tuple[str, float | None, float]  # what sweep._run_one returns: folder, summary wall time, seconds
@@ -163,6 +163,17 @@ class LocalLauncher(Launcher):
 
     def result(self, handle: Future[RunResult]) -> RunResult:
         return handle.result()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if kind is not None and issubclass(kind, Terminated) and self._pool is not None:
+            # SIGTERM reached the sweep only (Ctrl-C reaches the workers too): Ctrl-C its workers, so their
+            # runs stop at once, locks released, instead of the shutdown waiting for them to finish
+            for process in list(getattr(self._pool, "_processes", None) or {}):  # pids of its workers
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process, signal.SIGINT)
+        self.close()
 
     def close(self) -> None:
         if self._pool is not None:
