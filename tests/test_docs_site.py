@@ -300,10 +300,8 @@ def test_tutorial_notebook_runs(tmp_path, monkeypatch):
         "commit it without outputs"
     )
 
-    # the layout it expects (it runs in notebooks/, the configs one level up), and a kernel on this
-    # interpreter whatever kernels the machine has registered; its temporary run folder lands in tmp_path
-    (tmp_path / "configs").mkdir()
-    shutil.copy(ROOT / "configs" / "example.yaml", tmp_path / "configs")
+    # an empty folder (its config is the shipped example, by name), and a kernel on this interpreter whatever
+    # kernels the machine has registered; its temporary run folder lands in tmp_path
     (tmp_path / "notebooks").mkdir()
     for var, value in _jupyter_env(tmp_path).items():
         monkeypatch.setenv(var, value)
