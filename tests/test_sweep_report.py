@@ -225,3 +225,36 @@ def test_a_preset_run_pairs_with_the_reference_in_its_setting_whatever_its_prese
     clipped_10 = run("c10", "algorithm.name=fedgela", "algorithm.preset=official", "local.epochs=2",
                      "local.grad_clip=10")  # fmt: skip
     assert paired_run(clipped_10, refs) is None
+
+
+def test_a_preset_names_its_method_and_keeps_its_setting_in_the_paper_layout(tmp_path):
+    """In the methods x settings grid, a run under a preset is the method "NAME preset=P" (the algorithm keys
+    the preset sets are its name's, not listed) in its reference's setting column (the keys it sets outside
+    the algorithm, FedGELA official's gradient clip, are the method's, not a setting of their own)."""
+    from fedpcd.report import Run, setting_columns
+    from fedpcd.report.grid import build_grid
+
+    def run(name: str, *overrides: str) -> Run:
+        config = load_config(None, [f"output_dir={tmp_path / name}", *overrides]).to_dict()
+        return Run(tmp_path / name, config, [], {})
+
+    runs = [
+        run(f"{name}{p}", *algorithm, f"partition.scheme={scheme}", *(["partition.beta=0.1"] * (p == "d")))
+        for p, scheme in (("p", "pathological"), ("d", "dirichlet"))
+        for name, algorithm in (
+            ("fedavg", ()),
+            ("official", ("algorithm.name=fedgela", "algorithm.preset=official")),
+            ("paper", ("algorithm.name=fedgela", "algorithm.preset=paper")),
+            ("s4", ("algorithm.name=fedgela", "algorithm.scale=4")),
+        )
+    ]
+    grid = build_grid(runs)
+    assert grid.methods == ["fedavg", "fedgela preset=official", "fedgela preset=paper", "fedgela scale=4.0"]
+    assert grid.settings == ["Dir(0.1)", "P10C2"] and all(len(c) == 1 for c in grid.cells.values())
+    # a key the config sets away from the preset's value stays in the name
+    tuned = run("tuned", "algorithm.name=fedgela", "algorithm.preset=official", "algorithm.scale=8")
+    varying = ["algorithm.preset", "algorithm.scale"]
+    named = {"algorithm": "preset=official scale=8.0"}
+    assert setting_columns(varying, ("official", 8.0), "fedgela") == named
+    assert setting_columns(varying, ("official", 5.0), "fedgela") == {"algorithm": "preset=official"}
+    assert tuned.config["algorithm"]["scale"] == 8.0

@@ -13,6 +13,7 @@ FedGELA and FedNH discuss); and the class-mean angles of FedGELA's Fig. 3 (``fed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from collections.abc import Sequence
@@ -349,14 +350,23 @@ def _defaults(section: str, main_key: str, main: Any) -> dict[str, Any]:
         return {}
 
 
-def setting_columns(varying: list[str], key: tuple) -> dict[str, str]:
-    """One readable cell per varying config section, e.g. partition -> 'dirichlet beta=0.1' (non-defaults)."""
+def setting_columns(varying: list[str], key: tuple, algorithm: str | None = None) -> dict[str, str]:
+    """One readable cell per varying config section, e.g. partition -> 'dirichlet beta=0.1' (non-defaults;
+    with a preset, the algorithm's keys at the preset's value are left to its name: 'fedgela
+    preset=official'; ``algorithm``: the runs' algorithm where its name is not among the varying keys)."""
     values = dict(zip(varying, key, strict=True))
     defaults: dict[str, Any] = {}
     for name, value in values.items():
         section, _, sub = name.partition(".")
         if sub in ("name", "scheme"):
             defaults.update(_defaults(section, sub, value))
+    name = values.get("algorithm.name", algorithm)
+    if values.get("algorithm.preset") is not None and name is not None:
+        from fedpcd.algorithms.presets import preset_values
+
+        with contextlib.suppress(UserError):  # a preset renamed since the run: its keys shown
+            preset = preset_values(name, values["algorithm.preset"])
+            defaults.update({k: v for k, v in preset.items() if k.startswith("algorithm.")})
     cells: dict[str, list[str]] = {}
     for name, value in values.items():
         section, _, sub = name.partition(".")
@@ -437,7 +447,8 @@ def report_table(
     geometries = all_geometries(runs) if geometry else {}
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, members in groups.items():
-        cells = list(setting_columns(varying, key).values()) + [str(len(members))]
+        name = members[0].config["algorithm"]["name"]
+        cells = list(setting_columns(varying, key, name).values()) + [str(len(members))]
         for metric in REPORTED:
             vals = [v for v in (last_mean(r.records, metric.key, last) for r in members) if v is not None]
             cells.append(mean_std(vals))
@@ -484,7 +495,8 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     axes = fig.subplots(1, 2)
     for key, members in groups.items():
-        label = ", ".join(setting_columns(varying, key).values()) or "run"
+        name = members[0].config["algorithm"]["name"]
+        label = ", ".join(setting_columns(varying, key, name).values()) or "run"
         records = pd.DataFrame.from_records([r for run in members for r in run.records])
         for ax, metric in zip(axes, HEADLINE, strict=False):
             values = records.reindex(columns=["round", metric.key]).dropna()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fedpcd.report import Run, _flatten, group_runs, last_mean, setting_columns
+from fedpcd.report import Run, _flatten, _preset_keys, group_runs, last_mean, setting_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -78,14 +78,22 @@ def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
     method_keys = [k for k in varying if k.partition(".")[0] == METHOD_SECTION]
     setting_keys = [k for k in varying if k.partition(".")[0] != METHOD_SECTION]
     flats = [_flatten(run.config) for run in runs]
-    usual = {k: _usual(k, [f.get(k) for f in flats]) for k in setting_keys}
+    # the keys a run's preset sets (at the preset's value) are its method's: they name no setting
+    presets = [_preset_keys(run) for run in runs]
+    usual = {
+        k: _usual(k, [f.get(k) for f, keys in zip(flats, presets, strict=True) if k not in keys])
+        for k in setting_keys
+    }
     methods: dict[str, None] = {}
     settings: dict[str, tuple] = {}
     cells: dict[tuple[str, str], list[Run]] = {}
-    for run, flat in zip(runs, flats, strict=True):
-        method = setting_columns(method_keys, tuple(flat.get(k) for k in method_keys)).get(METHOD_SECTION)
-        method = method or run.config[METHOD_SECTION]["name"]
-        unusual = [k for k in setting_keys if json.dumps(flat.get(k), default=str) != usual[k]]
+    for run, flat, preset in zip(runs, flats, presets, strict=True):
+        name = run.config[METHOD_SECTION]["name"]
+        method_values = tuple(flat.get(k) for k in method_keys)
+        method = setting_columns(method_keys, method_values, name).get(METHOD_SECTION) or name
+        unusual = [
+            k for k in setting_keys if k not in preset and json.dumps(flat.get(k), default=str) != usual[k]
+        ]
         setting = _setting_name(run.config, flat, unusual)
         methods.setdefault(method)
         others = sum(not k.startswith("partition.") for k in unusual)
@@ -105,6 +113,8 @@ def _usual(key: str, values: list[Any]) -> str | None:
 
     default = json.dumps(Config().to_dict().get(key) if "." not in key else None, default=str)
     counts = Counter(json.dumps(v, default=str) for v in values).most_common()
+    if not counts:  # every run's preset sets the key
+        return default
     tied = [v for v, n in counts if n == counts[0][1]]
     if len(tied) == 1:
         return tied[0]
