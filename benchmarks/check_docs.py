@@ -297,7 +297,9 @@ def check_status_tables(repo: Path) -> list[str]:
 
 PROSE_PAGES = [
     f"docs/results/{name}.md"
-    for name in ("fedgela", "fedmr", "fednh", "fedsc", "fedssa", "generic-baselines", "personal-baselines")
+    for name in (
+        "fedgela", "fedmr", "fednh", "fedsc", "fedssa", "generic-baselines", "personal-baselines", "presets"
+    )
 ]
 README_RESULTS = "## Results"  # the README's part with result claims: from this heading to the next "## "
 EXEMPT_REASONS = {
