@@ -298,7 +298,14 @@ def check_status_tables(repo: Path) -> list[str]:
 PROSE_PAGES = [
     f"docs/results/{name}.md"
     for name in (
-        "fedgela", "fedmr", "fednh", "fedsc", "fedssa", "generic-baselines", "personal-baselines", "presets"
+        "fedgela",
+        "fedmr",
+        "fednh",
+        "fedsc",
+        "fedssa",
+        "generic-baselines",
+        "personal-baselines",
+        "presets",
     )
 ]
 README_RESULTS = "## Results"  # the README's part with result claims: from this heading to the next "## "
@@ -403,15 +410,6 @@ def _run_number(run: object, spec: dict[str, str]) -> list[float]:
     return [] if value is None else [scale * value]
 
 
-def _same_setting(run: object, other: object, spec: dict[str, str]) -> bool:
-    """Whether two runs differ only in their method (algorithm and what their presets set) and in the config
-    keys named in the check's ``vary=`` (comma-separated): then they form a pair."""
-    from fedpcd.report import _preset_keys, _without_algorithm
-
-    keys = frozenset(spec.get("vary", "").split(",")) | _preset_keys(run) | _preset_keys(other)  # type: ignore[arg-type]
-    return _without_algorithm(run, keys) == _without_algorithm(other, keys)  # type: ignore[arg-type]
-
-
 def claim_values(repo: Path, spec: dict[str, str]) -> tuple[list[float], list[float], list[str]]:
     """(the numbers a prose check backs, its paired differences (empty if unpaired), problems): each run's
     number and their mean, std and count; with ``ref``, also the ref's and the paired differences'."""
@@ -448,13 +446,16 @@ def claim_values(repo: Path, spec: dict[str, str]) -> tuple[list[float], list[fl
         return [sum(values)], [], []
     if "ref" not in spec:
         return summary(values), [], []
+    from fedpcd.report import same_setting
+
     theirs = side(spec["ref"])
+    vary = frozenset(spec.get("vary", "").split(","))  # config keys the check lets differ too
     problems, diffs = [], []
     for seed in sorted(mine):
         if seed not in theirs or len(theirs[seed][0]) != 1 or len(mine[seed][0]) != 1:
             problems.append(f"{spec['run']} seed {seed} has no single value of {spec['ref']} to pair with")
             continue
-        if not _same_setting(mine[seed][1], theirs[seed][1], spec):
+        if not same_setting(mine[seed][1], theirs[seed][1], vary):
             problems.append(
                 f"{spec['run']} seed {seed} and its {spec['ref']} run differ in more than the algorithm"
             )

@@ -257,9 +257,10 @@ def _preset_keys(run: Run) -> frozenset[str]:
     return frozenset(k for k, v in values.items() if not k.startswith("algorithm.") and flat.get(k) == v)
 
 
-def same_setting(run: Run, other: Run) -> bool:
-    """Whether two runs differ only in their method: algorithm, and what their presets set."""
-    keys = _preset_keys(run) | _preset_keys(other)
+def same_setting(run: Run, other: Run, vary: frozenset[str] = frozenset()) -> bool:
+    """Whether two runs differ only in their method (algorithm, and what their presets set) and in the
+    config keys ``vary``."""
+    keys = vary | _preset_keys(run) | _preset_keys(other)
     return _without_algorithm(run, keys) == _without_algorithm(other, keys)
 
 
