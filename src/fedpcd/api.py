@@ -42,7 +42,8 @@ from fedpcd.config import (
     load_run_config,
     run_setting,
 )
-from fedpcd.config_input import config_path, read_yaml
+from fedpcd.config_input import config_path as config_file
+from fedpcd.config_input import read_yaml
 from fedpcd.errors import UserError, choices, clip, short
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.run_format import RunFiles
@@ -118,7 +119,7 @@ def _resolve(config: str | os.PathLike[str] | Config | Mapping[str, Any] | None,
     if config is None:
         raw: dict[str, Any] = {}
     elif isinstance(config, (str, os.PathLike)):
-        raw = read_yaml(config_path(os.fspath(config)))
+        raw = read_yaml(config_file(os.fspath(config)))
     elif isinstance(config, Config):
         raw = config.to_dict()
     elif isinstance(config, Mapping):
@@ -228,14 +229,14 @@ def _override_items(overrides: Mapping[str, Any] | None) -> list[str]:
 
 
 def sweep(
-    sweep_file: str | os.PathLike[str], *, jobs: int = 1, overrides: Mapping[str, Any] | None = None
+    config_path: str | os.PathLike[str], *, jobs: int = 1, overrides: Mapping[str, Any] | None = None
 ) -> pd.DataFrame:
     """Run a sweep file's grid, as ``fedpcd sweep`` does, and return its index.
 
     Finished runs are skipped, stopped ones resumed; progress lines are printed as on the command line.
 
     Args:
-        sweep_file: A sweep file: a config with a top-level ``sweep:`` mapping of keys to lists of values
+        config_path: A sweep file: a config with a top-level ``sweep:`` mapping of keys to lists of values
             (or a shipped one's name, e.g. ``headline/fednh-fmnist``).
         jobs: Runs in parallel (processes).
         overrides: Config keys (dotted, or with ``__``) and values applied to every run, e.g.
@@ -253,7 +254,7 @@ def sweep(
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UserError(f"jobs must be a whole number >= 1, got {short(jobs)}")
     items = _override_items(overrides)
-    path = config_path(os.fspath(sweep_file))
+    path = config_file(os.fspath(config_path))
     run_sweep(path, items, jobs=jobs)
     return load_index(index_path(path, items))
 
