@@ -4,7 +4,7 @@
 # of those a round's error stopped (configs, partitions, metrics, summaries, stopped.json; no checkpoints)
 # under docs/results/runs/leaderboard-fmnist, then write the report from that archive, in the papers' layout
 # with its figures under docs/leaderboard/, so the page can be rebuilt anywhere without rerunning and
-# benchmarks/check_docs.py can recompute every number on it.
+# benchmarks/render_docs.py renders it from the archive (the tests compare it byte for byte).
 # A cell shows how many seeds it has where that is fewer than the fullest cell's.
 #   usage: benchmarks/leaderboard.sh [JOBS]          (238 runs per seed: hours on a CPU)
 # To continue on another machine, first copy the archive back:
@@ -22,4 +22,4 @@ for run in $finished; do rm -f "docs/results/runs/leaderboard-fmnist/$run/stoppe
 fedpcd report docs/results/runs/leaderboard-fmnist --last 3 --out docs/leaderboard.md \
   --title "fedpcd leaderboard: Fashion-MNIST under label skew" --notes configs/leaderboard/notes.md > /dev/null
 echo "wrote docs/leaderboard.md and docs/leaderboard/ from the runs archived in docs/results/runs/leaderboard-fmnist"
-python benchmarks/check_docs.py || echo "benchmarks/check_docs.py: the lines above no longer match the runs" >&2
+python benchmarks/render_docs.py docs/leaderboard.md docs/leaderboard/cells.csv

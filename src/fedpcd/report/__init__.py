@@ -177,7 +177,22 @@ def load_runs(root: str | Path) -> list[Run]:
         runs.append(Run(files.path, config, records, read_summary(files.summary)))
     if not runs:
         raise UserError(f"no finished runs (folders with summary.json) below {show_path(root)}")
+    refuse_duplicates(runs)
     return runs
+
+
+def refuse_duplicates(runs: list[Run]) -> None:
+    """A one-line UserError when two runs have the same config (seed included): one run counted twice,
+    e.g. a copy filed under another grid point's name."""
+    seen: dict[str, Path] = {}
+    for run in runs:
+        key = json.dumps(run_setting(run.config), sort_keys=True, default=str)
+        if key in seen:
+            raise UserError(
+                f"runs {show_path(seen[key])} and {show_path(run.path)} have the same config (seed "
+                "included): one run counted twice; remove the one whose folder name is not its config"
+            )
+        seen[key] = run.path
 
 
 def unfinished_runs(root: str | Path) -> list[tuple[str, str]]:

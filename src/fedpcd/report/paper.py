@@ -4,7 +4,7 @@ A cell is mean ± std over seeds of a per-run value, either the mean over the ru
 rounds ("last") or its best evaluated round ("best"); the best method of each column is in bold, "(n)"
 follows a cell with fewer seeds than the table's fullest cell, and an arrow marks a method whose paired
 difference to the reference method (same setting and seed: same partition and initial weights) exceeds the
-seed spread (``separation``).
+paired t-test (``fedpcd.report.verdict.separation``).
 
 Also here: the communication view of FedMR's and FedSC's tables (rounds and megabytes each method needs to
 reach the reference method's best GA of the same setting and seed), the mean ranks, the legend and reading
@@ -34,6 +34,7 @@ from fedpcd.report import (
 )
 from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
 from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, run_value
+from fedpcd.report.verdict import critical_t, separation
 from fedpcd.run_format import GA, HEADLINE, REPORTED
 from fedpcd.utils import atomic_write_text
 
@@ -41,18 +42,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 ARROWS = {1: "↑", -1: "↓"}
-
-
-def separation(diffs: Sequence[float]) -> int:
-    """+1 (-1) when paired differences are above (below) zero beyond their seed spread:
-    |mean| > 2 std / sqrt(n) with n >= 2 seeds, a t-like rule (t = mean / (std / sqrt(n)) > 2), not a
-    significance test; 0 otherwise, always 0 for a single seed."""
-    if len(diffs) < 2:
-        return 0
-    mean = statistics.fmean(diffs)
-    if abs(mean) <= 2 * statistics.stdev(diffs) / math.sqrt(len(diffs)):
-        return 0
-    return 1 if mean > 0 else -1
 
 
 def _reference_runs(grid: Grid, reference: str) -> dict[str, Run]:
@@ -337,12 +326,14 @@ def legend(grid: Grid, reference: str = "fedavg") -> str:
     return (
         f"Cells: mean ± std over seeds ({seeds_phrase(grid)}; a single value: one seed). ↑ / ↓: the "
         f"method's paired difference to {reference} (each seed's run minus the {reference} run of the "
-        "same setting and seed: same partition and initial weights) has |mean| > 2 std / √n over its "
-        "n >= 2 paired seeds; with one seed nothing is marked. This is a t-like rule, not a significance "
-        "test: under a t distribution a t of 2 has a two-sided p of about 0.30 for n = 2 and 0.18 for "
-        "n = 3, and over many methods and settings some marks are expected by chance; the std sees only "
-        "what changes with the seed (partition, initial weights, sampling), not the test set or the "
-        "budget. Mean ranks order means; two ranks apart are not thereby separated (only the arrows "
+        "same setting and seed: same partition and initial weights) separates from zero by a two-sided "
+        "paired t-test at the 5% level with n - 1 degrees of freedom over its n >= 2 paired seeds "
+        f"(|t| > {critical_t(2):.2f} for n = 2, {critical_t(3):.2f} for n = 3, "
+        f"{critical_t(5):.2f} for n = 5); with one seed "
+        "nothing is marked. Over many methods and settings some marks are expected by chance; the std "
+        "sees only what changes with the seed (partition, initial weights, sampling), not the test set, "
+        "the budget or the host's floating-point path. Mean ranks order means; two ranks apart are not "
+        "thereby separated (only the arrows "
         "against the reference are)."
     )
 
@@ -391,6 +382,50 @@ def reading(grid: Grid, last: int, reference: str = "fedavg") -> str:
     return " ".join(sentences)
 
 
+def figure_files(grid: Grid, figures: Path) -> list[Path]:
+    """Draw each setting's curves, class heatmap and partition into ``figures``; the files written."""
+    from fedpcd.data.stats import plot_counts
+
+    written = []
+    for setting in grid.settings:
+        name = slug(setting)
+        plot_setting_curves(grid, setting, figures / f"curves-{name}.png")
+        written.append(figures / f"curves-{name}.png")
+        if setting_class_heatmap(grid, setting, figures / f"classes-{name}.png"):
+            written.append(figures / f"classes-{name}.png")
+        first = next((runs[0] for (m, s), runs in grid.cells.items() if s == setting and runs), None)
+        counts = partition_counts(first) if first is not None else None
+        if counts is not None:
+            plot_counts(
+                counts, figures / f"partition-{name}.png", title=f"{setting}, seed {first.config['seed']}"
+            )
+            written.append(figures / f"partition-{name}.png")
+    return written
+
+
+def figure_sections(grid: Grid, figures: Path, link: Callable[[Path], str]) -> list[str]:
+    """The figure sections linking the files ``figure_files`` left in ``figures`` (those that exist)."""
+    curves, classes, partitions = [], [], []
+    for setting in grid.settings:
+        name = slug(setting)
+        for kind, caption, into in (
+            ("curves", setting, curves),
+            ("classes", f"{setting} per class", classes),
+            ("partition", f"{setting} partition", partitions),
+        ):
+            path = figures / f"{kind}-{name}.png"
+            if path.exists():
+                into.append(f"![{caption}]({link(path)})")
+    parts = []
+    if curves:
+        parts.append("## Accuracy over rounds\n\n" + "\n\n".join(curves) + "\n")
+    if classes:
+        parts.append("## Global model accuracy per class\n\n" + "\n\n".join(classes) + "\n")
+    if partitions:
+        parts.append("## Partitions (train samples per client and class)\n\n" + "\n".join(partitions) + "\n")
+    return parts
+
+
 def paper_sections(
     grid: Grid,
     last: int,
@@ -401,8 +436,6 @@ def paper_sections(
     """The papers' tables (GA and PA-split, last and best), the communication view and, with ``figures``
     (a folder), the per-setting curves and heatmaps written there and linked through ``link``, and cells.csv.
     Returns (the markdown, the files written)."""
-    from fedpcd.data.stats import plot_counts
-
     last_rounds = last_rounds_phrase([r for members in grid.cells.values() for r in members], last, False)
     parts = [
         f"## Reading (generated from the runs; mean of {last_rounds})\n\n{reading(grid, last, reference)}\n",
@@ -442,28 +475,8 @@ def paper_sections(
         )
     written: list[Path] = []
     if figures is not None:
-        curves, partitions, classes = [], [], []
-        for setting in grid.settings:
-            name = slug(setting)
-            plot_setting_curves(grid, setting, figures / f"curves-{name}.png")
-            written.append(figures / f"curves-{name}.png")
-            curves.append(f"![{setting}]({link(written[-1])})")
-            if setting_class_heatmap(grid, setting, figures / f"classes-{name}.png"):
-                written.append(figures / f"classes-{name}.png")
-                classes.append(f"![{setting} per class]({link(written[-1])})")
-            first = next((runs[0] for (m, s), runs in grid.cells.items() if s == setting and runs), None)
-            counts = partition_counts(first) if first is not None else None
-            if counts is not None:
-                title = f"{setting}, seed {first.config['seed']}"
-                plot_counts(counts, figures / f"partition-{name}.png", title=title)
-                written.append(figures / f"partition-{name}.png")
-                partitions.append(f"![{setting} partition]({link(written[-1])})")
+        written = figure_files(grid, figures)
         atomic_write_text(figures / "cells.csv", cells_csv(grid, last))
         written.append(figures / "cells.csv")
-        parts.append("## Accuracy over rounds\n\n" + "\n\n".join(curves) + "\n")
-        if classes:
-            parts.append("## Global model accuracy per class\n\n" + "\n\n".join(classes) + "\n")
-        if partitions:
-            heading = "## Partitions (train samples per client and class)"
-            parts.append(heading + "\n\n" + "\n".join(partitions) + "\n")
+        parts += figure_sections(grid, figures, link)
     return "\n".join(parts), written

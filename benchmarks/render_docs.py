@@ -1,0 +1,671 @@
+"""Render the results pages from their templates and the archive; ``--check`` compares byte for byte.
+
+Every page in ``PAGES`` is the output of its template, ``templates/<page>.j2`` (Jinja2), rendered against the
+archived runs under docs/results/runs/ and the benchmarks' archived JSON under docs/performance/. A template
+is the page's prose with every result number, ± value, seed count and verdict or direction word made by a
+directive:
+
+- ``{% set c = claim("NAME/GLOB", ref="NAME/GLOB", metric="global_acc", last=5) %}`` (GLOB relative to
+  docs/results/runs/): the runs matching ``run``, each reduced to one number (``last`` N evaluated rounds'
+  mean, ``"best"``, ``"all"``; or ``round="A-B"``, ``stat="swing"``, ``stat="hours"``, ``rounds_to=X``,
+  ``minus=KEY``, ``unit="kB"`` with ``per=N``), accuracies in %; with ``ref`` paired by seed (the two runs of
+  a pair may differ only in their method and the config keys ``vary="k1,k2"``), and the claim's values are
+  the paired differences. ``{{ c }}`` writes "+1.23 ± 0.45 (5 seeds: ...)"; ``{{ c.mean|s(2) }}`` a signed
+  number, ``{{ c.std|f(2) }}`` an unsigned one; ``c.each[i]``, ``c.n``, ``c.run.mean``, ``c.ref.mean``,
+  ``c.total`` (stat="hours").
+- ``{{ c.verdict(paper) }}``: the verdict of ``fedpcd.report.verdict`` against the paper's margin (points).
+- ``{{ c.says("word", "sense") }}``: a verdict or direction word, rendered only when the runs support it:
+  sense "separates" / "noise" (the paired t-test does / does not separate), "above" / "below" (the sign of the
+  paired mean), "beyond" / "behind" (a separation in that direction), "every seed" (one sign on every seed).
+- ``{% set t = table("RUNS [fedpcd report options] [--setting S]") %}`` then ``{{ t.cell(row, column) }}``:
+  a cell of `fedpcd report`'s table.
+- ``{{ report_page() }}``, ``{{ leaderboard_cells() }}``: the leaderboard page and its cells.csv, as
+  `benchmarks/leaderboard.sh` writes them.
+- ``{{ bench("speed.json", "rows.0.ratio", 2) }}``: a number from a benchmark's archived JSON.
+- ``{{ scale.MIN_SEEDS }}``, ``scale.critical_t(n)``: the verdict scale's constants (fedpcd.report.verdict).
+
+A paired claim whose runs were not all made by one clean commit (summary.json's code record) renders its
+numbers but refuses ``verdict`` and ``says`` (naming the runs); a folder holding the same config twice
+refuses both runs (``fedpcd.report.load_runs``).
+
+Outside directives a template may hold no result number and no word of the verdict vocabulary
+(``scan_template``), except in a block that ``<!-- not a result: REASON -->`` exempts (REASON in
+``EXEMPT_REASONS``), in code, and in names with digits (``MASKS``).
+
+usage: python benchmarks/render_docs.py [--check] [--repo PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import re
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from fedpcd.report import group_runs, load_runs, mean_std, report_table, rounds_to_target, same_setting, swing
+from fedpcd.report import verdict as verdict_scale
+from fedpcd.report.document import write_report
+from fedpcd.report.grid import build_grid, run_value
+from fedpcd.report.paper import cells_csv, figure_sections
+from fedpcd.report.verdict import separation, verdict
+from fedpcd.run_format import CODE
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = "templates"
+RUNS = "docs/results/runs"
+BENCH = "docs/performance"
+PAGES = [
+    "README.md",
+    "docs/leaderboard.md",
+    "docs/leaderboard/cells.csv",
+    "docs/performance.md",
+    *(
+        f"docs/results/{name}.md"
+        for name in (
+            "fedgela",
+            "fedmr",
+            "fednh",
+            "fedsc",
+            "fedssa",
+            "generic-baselines",
+            "personal-baselines",
+            "presets",
+        )
+    ),
+]
+LEADERBOARD_SCRIPT = "benchmarks/leaderboard.sh"
+
+
+LEGACY_MARK = "†"
+LEGACY_NOTE = (
+    f"{LEGACY_MARK} A verdict on runs that were not made by one clean commit (archived before runs recorded "
+    "their code version, or from a dirty tree): the paired t-test gives it, but the two sides may come from "
+    "different code versions, so it is history, not a comparison this page stands behind."
+)
+
+
+class RenderError(Exception):
+    """A directive the archive does not back: the page is not rendered."""
+
+
+# ---- one number per run -----------------------------------------------------------------------------------
+
+
+def _percent(key: str) -> float:
+    return 100.0 if "acc" in key or key.startswith("pa_") else 1.0
+
+
+def run_number(run: Any, spec: dict[str, Any]) -> list[float]:
+    """One run's numbers for a claim: its metric at ``round`` (A or A-B), or over its last rounds, or a
+    statistic of it (see the module docstring)."""
+    key, scale = spec["metric"], _percent(spec["metric"])
+    if spec.get("unit") == "kB":  # bytes as kB, per ``per`` participants
+        scale = 1 / 1000 / float(spec.get("per", 1))
+    records = run.records
+    if spec.get("round") is not None:
+        first, _, end = str(spec["round"]).partition("-")
+        rounds = range(int(first), int(end or first) + 1)
+        return [scale * r[key] for r in records if r["round"] in rounds and r.get(key) is not None]
+    if spec.get("stat") == "hours":
+        return [run.summary["wall_s"] / 3600]
+    if spec.get("stat") == "swing":
+        value = swing(records, key, int(spec.get("last", 5)))
+        return [] if value is None else [scale * value]
+    if spec.get("rounds_to") is not None:
+        value = rounds_to_target(records, key, float(spec["rounds_to"]) / 100)
+        return [] if value is None else [float(value)]
+    last = str(spec.get("last", 5))
+    last = str(len(records)) if last == "all" else last
+    protocol, rounds = ("best", 0) if last == "best" else ("last", int(last))
+    value = run_value(run, key, protocol, rounds)
+    if value is not None and spec.get("minus"):  # a metric minus another of the same run
+        other = run_value(run, spec["minus"], protocol, rounds)
+        value = None if other is None else value - other
+    return [] if value is None else [scale * value]
+
+
+# ---- claims -----------------------------------------------------------------------------------------------
+
+
+def code_problem(runs: list[Any]) -> tuple[str, str] | None:
+    """None when every run's summary names one clean commit, else (a short reason, one naming the runs)."""
+    commits: dict[tuple[str, Any], str] = {}
+    for run in runs:
+        code = run.summary.get(CODE) or {}
+        commit = code.get("commit")
+        where = f"{run.path.parent.name}/{run.path.name}"
+        if not commit:
+            return "no commit recorded", f"{where} records no commit"
+        if commit.endswith("+dirty") or code.get("dirty"):
+            return "dirty tree", f"{where} ran from a dirty tree ({commit[:12]})"
+        commits.setdefault((commit, code.get("results")), run.path.name)
+    if len(commits) > 1:
+        listed = ", ".join(f"{c[:7]} ({name})" for (c, _), name in commits.items())
+        return f"runs from {len(commits)} commits", f"runs from {len(commits)} commits: {listed}"
+    return None
+
+
+@dataclass
+class Side:
+    """The numbers of one group of runs: per seed, their mean, std and count."""
+
+    each: list[float]
+    runs: list[Any] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.each)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.each)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.each) if len(self.each) > 1 else 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.each)
+
+
+@dataclass
+class Claim(Side):
+    """A claim's numbers (the paired differences when it has a reference) and what it may say."""
+
+    run: Side | None = None
+    ref: Side | None = None
+    label: str = ""
+    code: tuple[str, str] | None = None
+    notes: list[str] = field(default_factory=list)  # the page's legacy verdicts (see ``legacy_note``)
+
+    def __str__(self) -> str:
+        signed = self.ref is not None
+        text = mean_std(self.each, signed=signed, scale=1.0)
+        per_seed = ", ".join(f"{v:+.2f}" if signed else f"{v:.2f}" for v in self.each)
+        return f"{text} ({self.n} seed{'s' if self.n != 1 else ''}: {per_seed})"
+
+    def _comparable(self, what: str) -> None:
+        if self.ref is None:
+            raise RenderError(f"{self.label}: {what} needs a paired claim (ref=)")
+        if self.code is not None:
+            raise RenderError(f"{self.label}: no {what} on runs not made by one clean commit: {self.code[1]}")
+
+    def verdict(self, paper: float | None = None, direction: int | None = None) -> str:
+        """The verdict scale's word for these paired differences against the paper's margin ``paper`` (or,
+        for a claim of a direction without a number, ``direction`` +1 / -1); "no verdict (why)" for runs
+        not made by one clean commit."""
+        if self.ref is None or (paper is None) == (direction is None):
+            raise RenderError(f"{self.label}: a verdict needs a paired claim and one of paper= or direction=")
+        if self.code is not None:
+            return f"no verdict ({self.code[0]})"
+        return verdict(self.each, paper, direction)
+
+    @property
+    def separation(self) -> str:
+        """ "separates" or "within seed noise", as the paired t-test decides (marked for legacy runs)."""
+        if self.ref is None:
+            raise RenderError(f"{self.label}: a separation needs a paired claim (ref=)")
+        word = "separates" if separation(self.each) else "within seed noise"
+        return self.says(word, "separates" if word == "separates" else "noise")
+
+    def says(self, word: str, sense: str) -> str:
+        """``word`` when the runs support ``sense`` (see the module docstring), else a RenderError."""
+        if sense == "every seed":
+            holds = all(v > 0 for v in self.each) or all(v < 0 for v in self.each)
+        elif sense in ("above", "below"):
+            if self.ref is None:
+                raise RenderError(f"{self.label}: {word!r} needs a paired claim (ref=)")
+            holds = (self.mean > 0) if sense == "above" else (self.mean < 0)
+        elif sense in ("separates", "noise", "beyond", "behind"):
+            if self.ref is None:
+                raise RenderError(f"{self.label}: {word!r} needs a paired claim (ref=)")
+            sign = separation(self.each)
+            holds = {"separates": sign != 0, "noise": sign == 0, "beyond": sign > 0, "behind": sign < 0}[
+                sense
+            ]
+        else:
+            raise RenderError(f"{self.label}: unknown sense {sense!r} for {word!r}")
+        if not holds:
+            raise RenderError(f"{self.label}: the runs do not support {word!r} ({sense}): {self}")
+        if sense != "above" and sense != "below" and sense != "every seed" and self.code is not None:
+            self.notes.append(self.code[1])
+            return word + LEGACY_MARK
+        return word
+
+
+class Archive:
+    """The archived runs, loaded once per folder."""
+
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+        self._folders: dict[Path, list[Any]] = {}
+        self.legacy: list[str] = []  # the current page's verdicts on runs of no single clean commit
+        self.noted = False  # whether the current page placed ``legacy_note``
+
+    def legacy_note(self) -> str:
+        """The ``legacy_note`` directive: the footnote that explains the mark of ``Claim.says``."""
+        self.noted = True
+        return LEGACY_NOTE
+
+    def runs(self, pattern: str) -> list[Any]:
+        """The finished runs matching ``pattern`` (ARCHIVE/GLOB, relative to docs/results/runs/), from their
+        archive folder loaded once (where two runs with one config are refused)."""
+        folder = self.repo / RUNS / pattern.partition("/")[0]
+        if folder not in self._folders:
+            self._folders[folder] = load_runs(folder)
+        root = self.repo / RUNS
+        return sorted(
+            (
+                run
+                for run in self._folders[folder]
+                if fnmatch.fnmatch(run.path.relative_to(root).as_posix(), pattern)
+            ),
+            key=lambda run: run.path,
+        )
+
+    def side(self, pattern: str, spec: dict[str, Any]) -> dict[int, tuple[list[float], Any]]:
+        out: dict[int, tuple[list[float], Any]] = {}
+        for run in self.runs(pattern):
+            out.setdefault(run.config["seed"], ([], run))[0].extend(run_number(run, spec))
+        return out
+
+    def claim(self, run: str, ref: str | None = None, **spec: Any) -> Claim:
+        """The ``claim`` directive (see the module docstring)."""
+        spec.setdefault("metric", "global_acc")
+        label = f"claim({run!r}{f', ref={ref!r}' if ref else ''})"
+        mine = self.side(run, spec)
+        if not mine:
+            raise RenderError(f"{label}: no archived run matches {run}")
+        values = [v for seed in sorted(mine) for v in mine[seed][0]]
+        runs = [mine[seed][1] for seed in sorted(mine)]
+        if ref is None:
+            return Claim(values, runs, label=label, notes=self.legacy)
+        theirs = self.side(ref, spec)
+        vary = frozenset(k for k in str(spec.get("vary", "")).split(",") if k)
+        diffs, refs = [], []
+        for seed in sorted(mine):
+            if seed not in theirs or len(theirs[seed][0]) != 1 or len(mine[seed][0]) != 1:
+                raise RenderError(f"{label}: seed {seed} has no single value of {ref} to pair with")
+            if not same_setting(mine[seed][1], theirs[seed][1], vary):
+                raise RenderError(f"{label}: seed {seed}'s two runs differ in more than the method")
+            diffs.append(mine[seed][0][0] - theirs[seed][0][0])
+            refs.append(theirs[seed][1])
+        ref_values = [theirs[seed][0][0] for seed in sorted(mine)]
+        return Claim(
+            diffs,
+            runs + refs,
+            run=Side(values, runs),
+            ref=Side(ref_values, refs),
+            label=label,
+            code=code_problem(runs + refs),
+            notes=self.legacy,
+        )
+
+
+# ---- tables of `fedpcd report` ----------------------------------------------------------------------------
+
+
+def table_options(text: str) -> argparse.Namespace:
+    """A table directive's words: the runs folder and `fedpcd report`'s options, plus --setting."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("root")
+    parser.add_argument("--paired-with")
+    parser.add_argument("--swing", action="store_true")
+    parser.add_argument("--best", action="store_true")
+    parser.add_argument("--rounds-to", nargs="+", type=float, default=[])
+    parser.add_argument("--last", type=int, default=5)
+    parser.add_argument("--setting")
+    parser.add_argument("--participants", type=int, default=0)
+    return parser.parse_args(shlex.split(text))
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+KB_BOTH = "kB up / down per round"
+KB_CLIENT = "kB up / down per client"  # with --participants N: the report's kB divided by N
+
+
+@dataclass
+class Table:
+    """One `fedpcd report` table: its cells by row key and column name."""
+
+    options: argparse.Namespace
+    rows: dict[str, tuple[dict[str, str], list[Any]]]
+    header: list[str]
+
+    def cell(self, row: str, column: str, metric: str | None = None) -> str:
+        """The report's cell of ``row`` (its setting columns joined by "; ", only the algorithm with
+        --setting) and ``column`` (the report's name, "(paired)" and case aside, "fedavg" standing for the
+        reference; ``KB_BOTH``, ``KB_CLIENT``; with ``metric``: the mean ± std over seeds of that metric's
+        best round)."""
+        if row not in self.rows:
+            raise RenderError(f"table {self.options.root}: no row {row!r} (its rows: {', '.join(self.rows)})")
+        found, members = self.rows[row]
+        names = {h.lower(): h for h in self.header}
+        name = column.replace("(paired)", "").strip()
+        if name.startswith("Δ") and " vs " not in name:
+            name = f"{name} vs {self.options.paired_with}"
+        if metric is not None:
+            values = [v for v in (run_value(r, metric, "best", 0) for r in members) if v is not None]
+            return mean_std(values)
+        if name == KB_BOTH:
+            return f"{found['kB up/rnd']} / {found['kB down/rnd']}"
+        if name == KB_CLIENT and self.options.participants:
+            up, down = (float(found[k]) / self.options.participants for k in ("kB up/rnd", "kB down/rnd"))
+            return f"{up:.1f} / {down:.1f}"
+        key = names.get(name.lower()) or names.get(
+            name.lower().replace("fedavg", str(self.options.paired_with))
+        )
+        if key is None:
+            raise RenderError(f"table {self.options.root}: no column {column!r} ({', '.join(self.header)})")
+        return found[key]
+
+
+def build_table(repo: Path, text: str) -> Table:
+    """The ``table`` directive: `fedpcd report`'s table of RUNS with the options in ``text``."""
+    options = table_options(text)
+    runs = load_runs(repo / options.root)
+    generated = report_table(
+        runs, options.last, options.rounds_to, options.paired_with, options.swing, False, options.best
+    ).splitlines()
+    header = _cells(generated[0])
+    sections = header[: header.index("seeds")]
+    _, groups = group_runs(runs)
+    rows: dict[str, tuple[dict[str, str], list[Any]]] = {}
+    for line, members in zip(generated[2:], groups.values(), strict=True):
+        cells = dict(zip(header, _cells(line), strict=True))
+        setting = "; ".join(cells[s] for s in sections if s != "algorithm")
+        if options.setting is not None and setting != options.setting:
+            continue
+        key = (
+            cells.get("algorithm", "")
+            if options.setting is not None
+            else "; ".join(cells[s] for s in sections)
+        )
+        rows[key] = (cells, members)
+    if options.setting is not None and not rows:
+        raise RenderError(f"no setting {options.setting!r} in the report of {options.root}")
+    return Table(options, rows, header)
+
+
+# ---- the leaderboard page and benchmark figures -----------------------------------------------------------
+
+
+def leaderboard_command(repo: Path) -> argparse.Namespace:
+    """The options of the `fedpcd report` call in benchmarks/leaderboard.sh."""
+    text = (repo / LEADERBOARD_SCRIPT).read_text().replace("\\\n", " ")
+    line = next(x for x in text.splitlines() if x.strip().startswith("fedpcd report"))
+    words = shlex.split(line.split(">", 1)[0])[2:]
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("root")
+    for option in ("--out", "--title", "--notes"):
+        parser.add_argument(option)
+    parser.add_argument("--last", type=int, default=5)
+    return parser.parse_known_args(words)[0]
+
+
+def report_page(repo: Path) -> str:
+    """The leaderboard page as benchmarks/leaderboard.sh's `fedpcd report` writes it, linking the figures
+    that script drew (they are not drawn here)."""
+    options = leaderboard_command(repo)
+    here = os.getcwd()
+    os.chdir(repo)  # the page names its runs folder as the script gives it: relative to the repository
+    try:
+        text = write_report(options.root, None, options.last, title=options.title, notes=options.notes)
+        page = Path(options.out)
+        figures = figure_sections(
+            build_grid(load_runs(options.root)),
+            page.with_suffix(""),
+            lambda path: path.relative_to(page.parent).as_posix(),
+        )
+    finally:
+        os.chdir(here)
+    return text.replace("\n## All runs", "\n" + "\n".join(figures) + "\n## All runs", 1)
+
+
+def leaderboard_cells(repo: Path) -> str:
+    """The leaderboard's cells.csv (every cell's mean and std) as benchmarks/leaderboard.sh writes it."""
+    options = leaderboard_command(repo)
+    return cells_csv(build_grid(load_runs(repo / options.root)), options.last)
+
+
+def bench(repo: Path, name: str, path: str, decimals: int | None = None) -> str:
+    """A value of a benchmark's archived JSON (docs/performance/NAME), by a dotted path (list indices as
+    numbers), formatted with ``decimals`` when given."""
+    value: Any = json.loads((repo / BENCH / name).read_text())
+    for part in path.split("."):
+        try:
+            value = value[int(part)] if isinstance(value, list) else value[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise RenderError(f"{name}: no value at {path!r}") from None
+    return str(value) if decimals is None else f"{float(value):.{decimals}f}"
+
+
+# ---- what a template may say outside directives -----------------------------------------------------------
+
+EXEMPT_REASONS = {
+    "setting": "a setting of the runs: data sizes, client, round, epoch and seed counts, hyperparameters",
+    "paper": "a number quoted from a paper",
+    "count": "a count of runs or methods, a time to regenerate, a date, a commit",
+    "rule": "the verdict scale's constants",
+    "computed": "computed without training by the command shown beside it (partitions, the ETF's geometry)",
+    "install": "a measured install or test time, with its machine and load beside it",
+}
+REASONS = ", ".join(EXEMPT_REASONS)
+COMMENT = re.compile(r"<!--(.*?)-->", re.S)
+DIRECTIVE = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+EXEMPT_LINE = re.compile(r"^<!--\s*not a result:\s*(\w+)\s*-->\s*$")
+# text that holds digits but no number: inline code, link targets, figures, scientific notation, names with
+# digits (P10C2, ResNet-18, N=10, x^0.5, CIFAR-10/100), references to a paper's equations, tables, sections
+MASKS = [
+    re.compile(r"`[^`]*`"),
+    re.compile(r"\]\([^)]*\)"),
+    re.compile(r"(?<![\w.])\d+(?:\.\d+)?e-?\d+\b"),
+    re.compile(r"\b[A-Za-z][\w-]*\d[\w./-]*"),
+    re.compile(r"\b\w+\s?=\s?[\d.]+\b(?!\s*(?:%|points))"),
+    re.compile(r"[\^#][\d.]+"),
+    re.compile(r"\{[\d,\s.]+\}"),
+    re.compile(r"\b[A-Za-z]+\(\s*[\d.]+\s*\)"),
+    re.compile(r"\b\d+[-/][A-Za-z]\w*"),
+    re.compile(
+        r"\b(?:Eqs?\.|Tables?|Figs?\.|Figure|[Ss]ections?|Sec\.|App\.|Alg\.|Algorithm)\s*[\d.]+(?:\s*[-,]\s*\d+)*"
+    ),
+    re.compile(  # a setting's size: 100 clients, 10% participation, 20 rounds x 5 epochs, 12.5% of the set
+        r"(?<![\w.+-])\d+(?:,\d{3})*(?:\.\d+)?(?:%? (?:of|participation|per round)\b| ?x \d+\b|"
+        r" (?:clients?|rounds?|(?:local )?epochs?|classes|images|samples|participants)\b)"
+    ),
+    re.compile(
+        r"\b(?:[Ss]eeds?|[Rr]ounds?|[Cc]lients?|[Cc]lass)\s+\d+(?:\s*-\s*\d+)?(?![\d.])(?!\s*(?:%|points|x\b))"
+    ),
+]
+NUMBER = re.compile(r"(?<![\w.])([+\-−]?)(\d+(?:,\d{3})*(?:\.\d+)?)(?![\w])")
+RESULT_LIKE = re.compile(r"±|(?<![\w.])[+-]\d+(?:\.\d+)?")
+# the verdict and direction vocabulary: words that say how a result compares
+VOCABULARY = re.compile(
+    r"\b(?:separat\w*|beats?|outperform\w*|reproduced|reproduces|better than|worse than|every seed"
+    r"|within (?:the )?(?:seed )?(?:noise|spread)|level with|direction only"
+    r"|(?:above|below|ahead of|behind) (?:FedAvg|Standalone|FedAvg-FT|LG-FedAvg|FedSSA|the reference))\b",
+    re.I,
+)
+
+
+def masked(text: str) -> str:
+    """``text`` with what holds digits but no number (``MASKS``) blanked, positions kept."""
+    for mask in MASKS:
+        text = mask.sub(lambda m: " " * len(m.group()), text)
+    return text
+
+
+def scan_template(text: str) -> list[str]:
+    """The result numbers and verdict words of a template outside its directives: one line each (see the
+    module docstring for what is exempt)."""
+    problems: list[str] = []
+    text = DIRECTIVE.sub(lambda m: " " * len(m.group()), text)
+    lines = text.splitlines()
+    fence, exempt = False, False
+    header: list[str] = []
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if line.startswith("```"):
+            fence = not fence
+            continue
+        if fence or line.startswith("![") or not stripped:
+            exempt = exempt and bool(stripped) or (fence and exempt)
+            continue
+        match = EXEMPT_LINE.match(stripped)
+        if match:
+            if match.group(1) not in EXEMPT_REASONS:
+                problems.append(f"line {number}: exemption {match.group(1)!r}: the reasons are {REASONS}")
+            exempt = True
+            continue
+        if exempt:
+            continue
+        spans = [line]
+        if stripped.startswith("|"):
+            cells = _cells(COMMENT.sub(" ", stripped))
+            if set(stripped.replace("|", "").strip()) <= set("-: "):
+                continue
+            if number < len(lines) and lines[number].strip().startswith("|---"):
+                header = cells
+                continue
+            spans = [
+                cell
+                for title, cell in zip(header, cells, strict=False)
+                if not title.lower().startswith("paper")
+            ]
+        else:
+            header = []
+        for span in spans:
+            # an inline exemption covers the text before it, back to the previous comment
+            kept, rest = [], 0
+            for m in COMMENT.finditer(span):
+                body = m.group(1).strip()
+                if not body.startswith("not a result:"):
+                    kept.append(span[rest : m.start()])
+                elif body.partition(":")[2].strip() not in EXEMPT_REASONS:
+                    problems.append(f"line {number}: exemption {body!r}: the reasons are {REASONS}")
+                rest = m.end()
+            kept.append(span[rest:])
+            plain = masked(" ".join(kept))
+            for what, pattern in (("a number", NUMBER), ("a verdict word", VOCABULARY)):
+                for m in pattern.finditer(plain):
+                    where = _around(plain, m.start())
+                    problems.append(
+                        f"line {number}: {what} outside a directive: {m.group().strip()!r} in {where!r}"
+                    )
+    return problems
+
+
+def _around(text: str, at: int) -> str:
+    return " ".join(text[max(at - 40, 0) : at + 30].split())
+
+
+# ---- rendering --------------------------------------------------------------------------------------------
+
+
+def _fixed(value: float, decimals: int = 2) -> str:
+    return f"{abs(value):.{decimals}f}"
+
+
+def _signed(value: float, decimals: int = 2) -> str:
+    return f"{value:+.{decimals}f}"
+
+
+def environment(repo: Path) -> jinja2.Environment:
+    """The Jinja2 environment of the templates, with the directives as globals."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(repo / TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    archive = Archive(repo)
+    env.globals.update(
+        archive=archive,
+        claim=archive.claim,
+        legacy_note=archive.legacy_note,
+        table=lambda text: build_table(repo, text),
+        report_page=lambda: report_page(repo),
+        leaderboard_cells=lambda: leaderboard_cells(repo),
+        bench=lambda name, path, decimals=None: bench(repo, name, path, decimals),
+        scale=verdict_scale,
+    )
+    env.filters.update(f=_fixed, s=_signed)
+    return env
+
+
+def render(repo: Path, page: str, env: jinja2.Environment | None = None) -> str:
+    """The text of ``page`` rendered from its template."""
+    env = env or environment(repo)
+    archive = env.globals["archive"]
+    archive.legacy.clear()
+    archive.noted = False
+    try:
+        text = env.get_template(f"{page}.j2").render()
+    except RenderError as error:
+        raise RenderError(f"{page}: {error}") from None
+    if archive.legacy and not archive.noted:
+        raise RenderError(
+            f"{page}: {len(archive.legacy)} verdicts marked {LEGACY_MARK} but no {{{{ legacy_note() }}}}"
+        )
+    return text
+
+
+def differences(page: str, found: str, expected: str) -> list[str]:
+    """One line naming the first line where ``found`` differs from the rendering ``expected`` (or none)."""
+    if found == expected:
+        return []
+    a, b = found.splitlines(), expected.splitlines()
+    for number, (mine, theirs) in enumerate(zip(a, b, strict=False), 1):
+        if mine != theirs:
+            words = [(x, y) for x, y in zip(mine.split(), theirs.split(), strict=False) if x != y]
+            x, y = words[0] if words else (mine[:80], theirs[:80])
+            return [f"{page} line {number}: found {x!r}, the rendering has {y!r}"]
+    return [f"{page}: {len(a)} lines, the rendering has {len(b)}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare with the pages instead of writing them")
+    parser.add_argument("--repo", type=Path, default=REPO, help="the repository (default: this one)")
+    parser.add_argument("pages", nargs="*", help=f"pages to render (default: all of {', '.join(PAGES)})")
+    args = parser.parse_args(argv)
+    repo = args.repo.resolve()
+    os.chdir(repo)  # the report names its runs folder as given: relative, as in benchmarks/leaderboard.sh
+    env = environment(repo)
+    failed = 0
+    for page in args.pages or PAGES:
+        try:
+            text = render(repo, page, env)
+        except RenderError as error:
+            print(error)
+            failed += 1
+            continue
+        target = repo / page
+        if args.check:
+            found = differences(page, target.read_text() if target.exists() else "", text)
+            for line in found:
+                print(f"{line} (python benchmarks/render_docs.py {page} writes it)")
+            failed += bool(found)
+        elif not target.exists() or target.read_text() != text:
+            target.write_text(text)
+            print(f"wrote {page}")
+    if args.check and not failed:
+        print(f"every page equals its rendering ({len(args.pages or PAGES)} pages)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""benchmarks/render_docs.py: every results page is its template rendered against the archive, byte for
+byte; a single edit to any rendered page fails the check; the directives compute what they claim and refuse
+what the runs do not back."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = importlib.util.spec_from_file_location("render_docs", ROOT / "benchmarks" / "render_docs.py")
+render_docs = importlib.util.module_from_spec(SPEC)
+sys.modules["render_docs"] = render_docs  # dataclasses look their module up
+SPEC.loader.exec_module(render_docs)
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, str]:
+    env = render_docs.environment(ROOT)
+    return {page: render_docs.render(ROOT, page, env) for page in render_docs.PAGES}
+
+
+def test_every_page_equals_its_rendering(rendered):
+    for page, text in rendered.items():
+        assert (ROOT / page).read_text() == text, f"{page}: run python benchmarks/render_docs.py {page}"
+
+
+FLIPS = {
+    "yes": "no",
+    "no": "yes",
+    "above": "below",
+    "below": "above",
+    "separates": "within seed noise",
+    "within seed noise": "separates",
+    "direction only": "yes",
+    "↑": "↓",
+    "↓": "↑",
+}
+NUMBER = re.compile(r"(?<![\w.])[+-]?\d+\.\d+")
+
+
+def _edits(text: str, rng: random.Random, count: int) -> list[str]:
+    """``count`` copies of ``text`` with one random single edit each: a digit of a number changed, a ±
+    value's digit changed, or a verdict or direction word turned round."""
+    numbers = list(NUMBER.finditer(text))
+    words = [m for w in FLIPS for m in re.finditer(rf"(?<![\w-]){re.escape(w)}(?![\w-])", text)]
+    out = []
+    for _ in range(count):
+        if words and (not numbers or rng.random() < 0.3):
+            m = rng.choice(words)
+            out.append(text[: m.start()] + FLIPS[m.group()] + text[m.end() :])
+            continue
+        m = rng.choice(numbers)
+        digits = [i for i, ch in enumerate(m.group()) if ch.isdigit()]
+        at = m.start() + rng.choice(digits)
+        out.append(text[:at] + str((int(text[at]) + rng.randint(1, 9)) % 10) + text[at + 1 :])
+    return out
+
+
+def test_random_single_edits_of_every_page_fail_the_check(rendered):
+    rng = random.Random(0)
+    tried = 0
+    for page, text in rendered.items():
+        for edited in _edits(text, rng, 4):
+            assert edited != text
+            assert render_docs.differences(page, edited, text), f"{page}: an edit passed the check"
+            tried += 1
+    assert tried >= 30
+
+
+def test_the_check_names_the_first_differing_line():
+    found = "a\nb 1.25\nc\n"
+    assert render_docs.differences("p.md", found, "a\nb 1.26\nc\n") == [
+        "p.md line 2: found '1.25', the rendering has '1.26'"
+    ]
+    assert render_docs.differences("p.md", found, found) == []
+
+
+# ---- the directives on a tiny archive ---------------------------------------------------------------------
+
+
+def _run(
+    root: Path, name: str, algorithm: str, seed: int, acc: list[float], commit: str | None = "abc"
+) -> None:
+    folder = root / "docs/results/runs" / name
+    folder.mkdir(parents=True)
+    config = {"seed": seed, "clients": 4, "rounds": len(acc), "algorithm": {"name": algorithm}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    records = [{"round": r + 1, "global_acc": a} for r, a in enumerate(acc)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
+    code = {"fedpcd": "0.1.0", "commit": commit, "results": 1} if commit else None
+    summary = {"rounds": len(acc), "wall_s": 1.0, "final": records[-1], "best": records[-1], "best_round": 1}
+    (folder / "summary.json").write_text(json.dumps({**summary, **({"code": code} if code else {})}))
+
+
+@pytest.fixture
+def archive(tmp_path):
+    for seed, (a, b) in enumerate([(0.70, 0.60), (0.72, 0.61), (0.69, 0.60), (0.71, 0.62), (0.73, 0.61)]):
+        _run(tmp_path, f"x/fedprox_seed{seed}", "fedprox", seed, [0.1, a])
+        _run(tmp_path, f"x/fedavg_seed{seed}", "fedavg", seed, [0.1, b])
+    return render_docs.Archive(tmp_path)
+
+
+def test_a_paired_claim_computes_the_differences_in_points(archive):
+    c = archive.claim("x/fedprox_seed*", ref="x/fedavg_seed*", metric="global_acc", last=1)
+    assert [round(d, 6) for d in c.each] == [10.0, 11.0, 9.0, 9.0, 12.0]
+    assert str(c) == "+10.20 ± 1.30 (5 seeds: +10.00, +11.00, +9.00, +9.00, +12.00)"
+    assert c.run.mean == pytest.approx(71.0) and c.ref.mean == pytest.approx(60.8)
+    assert c.verdict(16.0) == "yes" and c.verdict(30.0) == "direction only"
+    assert c.says("separates", "separates") == "separates"
+    assert c.separation == "separates"
+    with pytest.raises(render_docs.RenderError, match="do not support"):
+        c.says("within seed noise", "noise")
+    with pytest.raises(render_docs.RenderError, match="do not support"):
+        c.says("below", "below")
+
+
+def test_runs_of_another_commit_get_no_verdict_and_marked_words(tmp_path):
+    for seed in range(3):
+        _run(tmp_path, f"y/fedprox_seed{seed}", "fedprox", seed, [0.7 + seed / 100])
+        _run(tmp_path, f"y/fedavg_seed{seed}", "fedavg", seed, [0.6], commit="def" if seed else None)
+    archive = render_docs.Archive(tmp_path)
+    c = archive.claim("y/fedprox_seed*", ref="y/fedavg_seed*", last=1)
+    assert c.verdict(10.0) == "no verdict (no commit recorded)"
+    assert c.says("separates", "separates") == "separates" + render_docs.LEGACY_MARK
+    assert archive.legacy  # the page must then place legacy_note()
+
+
+def test_a_run_whose_config_repeats_another_is_refused(archive, tmp_path):
+    import shutil
+
+    runs = tmp_path / "docs/results/runs/x"
+    shutil.copytree(runs / "fedavg_seed0", runs / "fedavg-mu2_seed0")
+    with pytest.raises(Exception, match="one run counted twice"):
+        render_docs.Archive(tmp_path).claim("x/fedavg*_seed*", last=1)
+
+
+def test_a_template_holds_no_result_outside_directives():
+    text = "A is 3.25 ± 0.50 above FedAvg, which separates.\n\n{{ c.mean|s(2) }} {{ c.says('a', 'x') }}\n"
+    problems = render_docs.scan_template(text)
+    assert any("3.25" in p for p in problems) and any("'above FedAvg'" in p for p in problems)
+    assert any("'separates'" in p for p in problems)
+    assert render_docs.scan_template("<!-- not a result: setting -->\n20 rounds x 5 epochs, seed 3.\n") == []
+    assert render_docs.scan_template("{{ c }} on P10C2 (`--rounds-to 50`), ResNet-18.\n") == []
