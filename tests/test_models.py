@@ -11,6 +11,7 @@ from fedpcd.models import MODELS, FedModel, backbone_keys, build_model, head_key
 
 ALL = ["conv2cifar", "simplecnn", "resnet18", "mlp", "cnn1", "cnn2", "cnn3", "cnn4", "cnn5"]
 MORE = ["resnet10", "wrn", "efficientnet_b0", "lstm"]  # tests/test_models_more.py
+BN = ["simplecnn_bn", "mlp_bn"]  # tests/test_baselines_fedbn_apfl_perfedavg.py
 INPUTS = [(1, 28), (3, 32)]
 FEATURE_DIM = {
     "conv2cifar": 192,
@@ -35,7 +36,7 @@ def n_params(model: nn.Module) -> int:
 
 
 def test_registry_names() -> None:
-    assert sorted([*ALL, *MORE]) == MODELS.names()
+    assert sorted([*ALL, *MORE, *BN]) == MODELS.names()
 
 
 @pytest.mark.parametrize("name", ALL)
