@@ -159,7 +159,9 @@ def test_functional_call_matches_forward() -> None:
 
 @pytest.mark.parametrize("name", ["simplecnn", "cnn1", "cnn5"])
 def test_too_small_input_is_user_error(name: str) -> None:
-    too_small = rf"input 1x8x8 is too small for model '{name}'; use one of: efficientnet_b0, mlp, resnet10"
+    too_small = (
+        rf"input 1x8x8 is too small for model '{name}'; use one of: efficientnet_b0, mlp, mlp_bn, resnet10"
+    )
     with pytest.raises(UserError, match=too_small):
         build_model(name, 1, 10, 8)
     with pytest.raises(UserError, match="too small"):
@@ -170,7 +172,9 @@ def test_too_small_input_is_user_error(name: str) -> None:
 def test_too_small_message_lists_accepting_models() -> None:
     with pytest.raises(UserError) as info:
         build_model("simplecnn", 1, 10, 8)
-    assert str(info.value).endswith("use one of: efficientnet_b0, mlp, resnet10, resnet18, wrn")  # not lstm
+    assert str(info.value).endswith(
+        "use one of: efficientnet_b0, mlp, mlp_bn, resnet10, resnet18, wrn"
+    )  # not lstm
 
 
 def test_unknown_name_is_user_error() -> None:
