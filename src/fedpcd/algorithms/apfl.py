@@ -51,7 +51,7 @@ def mixture(alpha: Tensor, v: StateDict, w: StateDict, params: set[str]) -> Stat
 class APFL(FedAvg):
     """APFL: FedAvg for the global model plus a local model v_i mixed in with an adaptive weight alpha_i."""
 
-    # alpha_i^0, the initial mixing weight of every client (the library's default: the middle of [0, 1]).
+    # alpha_i^0, every client's initial mixing weight; 0.5: [C]'s README example (-pa 0.5).
     alpha_init: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     # True: alpha_i takes the projected gradient step above; False: alpha_i stays alpha_init ([P]'s
     # fixed-alpha variant).
