@@ -139,12 +139,14 @@ def test_fedbn_keeps_every_batchnorm_tensor_local_and_averages_the_rest():
 
 
 def test_fedbn_refuses_a_model_without_batchnorm_in_one_line(tmp_path, capsys):
-    with pytest.raises(UserError, match="keeps each client's BatchNorm layers local, but model MLP has none"):
+    with pytest.raises(
+        UserError, match=r"keeps each client's BatchNorm layers local, but the model \(MLP\) has none"
+    ):
         _alg("fedbn").init_server(tiny_mlp())
     args = ["run", "--quiet", "dataset.name=synthetic", "model.name=mlp", "algorithm.name=fedbn", "clients=2"]
     assert main([*args, "rounds=1", f"output_dir={tmp_path}"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.endswith(f"use one of: {', '.join(BN_MODELS)} (resnet: norm=batch)")
+    assert line.endswith(f"set model.name to one of: {', '.join(BN_MODELS)} (resnet: norm=batch)")
 
 
 # ----- APFL -------------------------------------------------------------------------------------------------

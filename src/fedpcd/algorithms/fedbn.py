@@ -53,8 +53,9 @@ class FedBN(FedAvg):
         keys = batchnorm_keys(model)
         if not keys:
             raise UserError(
-                f"algorithm 'fedbn' keeps each client's BatchNorm layers local, but model "
-                f"{type(model).__name__} has none; use one of: {', '.join(BN_MODELS)} (resnet: norm=batch)"
+                f"algorithm 'fedbn' keeps each client's BatchNorm layers local, but the model "
+                f"({type(model).__name__}) has none; set model.name to one of: {', '.join(BN_MODELS)} "
+                "(resnet: norm=batch)"
             )
         return keys
 
