@@ -293,6 +293,7 @@ SETTINGS = {  # what an algorithm needs on this federation, and cuts of its long
     "fedetf": ["algorithm.finetune_rounds=1", "algorithm.finetune_epochs=1"],
     "fedkd": ["algorithm.shared_model=mlp"],
     "fml": ["algorithm.shared_model=mlp"],
+    "fedbn": ["model.name=mlp_bn"],  # FedBN needs BatchNorm layers
 }
 VARIANTS = {  # further branches that create tensors
     "creff": [
@@ -309,6 +310,7 @@ VARIANTS = {  # further branches that create tensors
     "fedproto": ["algorithm.init=none"],
     "fedsc": ["algorithm.compat_official=true"],
     "fedssa": ["algorithm.aggregation=cached_all", "algorithm.upload=zero_filled", "algorithm.case=A"],
+    "perfedavg": ["algorithm.variant=hf"],
 }
 CASES = [
     pytest.param(name, variant, id=name + ("-variant" if variant else ""))

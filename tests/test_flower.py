@@ -442,7 +442,11 @@ def test_secagg_plus_refuses_what_it_cannot_hide_in_one_line(args, message):
 
 
 # the shared small model of FML / FedKD must fit synthetic's 8x8 images
-EXTRA = {"fml": ["algorithm.shared_model=mlp"], "fedkd": ["algorithm.shared_model=mlp"]}
+EXTRA = {
+    "fml": ["algorithm.shared_model=mlp"],
+    "fedkd": ["algorithm.shared_model=mlp"],
+    "fedbn": ["model.name=mlp_bn"],  # FedBN needs BatchNorm layers
+}
 
 
 @pytest.mark.parametrize("name", [n for n in ALGORITHMS.names() if not n.startswith("_")])

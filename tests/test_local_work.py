@@ -35,12 +35,14 @@ SETTINGS = {  # what an algorithm needs on this federation, and cuts of its long
     "fml": ["algorithm.shared_model=mlp"],
     "fedbabu": ["algorithm.finetune_epochs=1"],
     "fedavg_ft": ["algorithm.finetune_epochs=1"],
+    "fedbn": ["model.name=mlp_bn"],  # FedBN needs BatchNorm layers
 }
 VARIANTS = {  # branches with working values of their own
     "fedsc": ["algorithm.compat_official=true"],
     "fedmr": ["algorithm.lite_samples=4"],
     "fedbabu": ["algorithm.finetune_when=last_round", "algorithm.finetune_from=local"],
     "fedrep": ["algorithm.head_epochs=1"],
+    "perfedavg": ["algorithm.variant=hf"],
 }
 CASES = [
     pytest.param(name, variant, id=name + ("-variant" if variant else ""))

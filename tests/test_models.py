@@ -11,6 +11,7 @@ from fedpcd.models import MODELS, FedModel, backbone_keys, build_model, head_key
 
 ALL = ["conv2cifar", "simplecnn", "resnet18", "mlp", "cnn1", "cnn2", "cnn3", "cnn4", "cnn5"]
 MORE = ["resnet10", "wrn", "efficientnet_b0", "lstm"]  # tests/test_models_more.py
+BN = ["simplecnn_bn", "mlp_bn"]  # tests/test_baselines_fedbn_apfl_perfedavg.py
 INPUTS = [(1, 28), (3, 32)]
 FEATURE_DIM = {
     "conv2cifar": 192,
@@ -35,7 +36,7 @@ def n_params(model: nn.Module) -> int:
 
 
 def test_registry_names() -> None:
-    assert sorted([*ALL, *MORE]) == MODELS.names()
+    assert sorted([*ALL, *MORE, *BN]) == MODELS.names()
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -158,7 +159,9 @@ def test_functional_call_matches_forward() -> None:
 
 @pytest.mark.parametrize("name", ["simplecnn", "cnn1", "cnn5"])
 def test_too_small_input_is_user_error(name: str) -> None:
-    too_small = rf"input 1x8x8 is too small for model '{name}'; use one of: efficientnet_b0, mlp, resnet10"
+    too_small = (
+        rf"input 1x8x8 is too small for model '{name}'; use one of: efficientnet_b0, mlp, mlp_bn, resnet10"
+    )
     with pytest.raises(UserError, match=too_small):
         build_model(name, 1, 10, 8)
     with pytest.raises(UserError, match="too small"):
@@ -169,7 +172,9 @@ def test_too_small_input_is_user_error(name: str) -> None:
 def test_too_small_message_lists_accepting_models() -> None:
     with pytest.raises(UserError) as info:
         build_model("simplecnn", 1, 10, 8)
-    assert str(info.value).endswith("use one of: efficientnet_b0, mlp, resnet10, resnet18, wrn")  # not lstm
+    assert str(info.value).endswith(
+        "use one of: efficientnet_b0, mlp, mlp_bn, resnet10, resnet18, wrn"
+    )  # not lstm
 
 
 def test_unknown_name_is_user_error() -> None:

@@ -223,6 +223,7 @@ FAST = {  # what an algorithm needs on this federation, and cuts of its long loo
     "fml": ["algorithm.shared_model=mlp"],
     "fedbabu": ["algorithm.finetune_epochs=1"],
     "fedavg_ft": ["algorithm.finetune_epochs=1"],
+    "fedbn": ["model.name=mlp_bn"],  # FedBN needs BatchNorm layers
 }
 TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=64", "clients=3"]
 

@@ -34,6 +34,7 @@ FAST = {
     "fedetf": ["algorithm.finetune_rounds=1"],
     "fedkd": ["algorithm.shared_model=mlp"],
     "fml": ["algorithm.shared_model=mlp"],
+    "fedbn": ["model.name=mlp_bn"],  # FedBN needs BatchNorm layers
 }
 
 

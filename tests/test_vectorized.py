@@ -154,6 +154,7 @@ COVERED = {
     # 0.5 the same code runs well-conditioned.
     "fedsc": ["algorithm.cpdr_weight=0.01", "algorithm.tau=0.5"],
     "creff": [],
+    "fedbn": ["model.name=simplecnn_bn"],  # per-client BatchNorm layers under vmap
 }
 
 

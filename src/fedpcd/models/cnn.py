@@ -97,6 +97,34 @@ def simplecnn(in_channels: int, num_classes: int, image_size: int, feature_relu:
     )
 
 
+class ConvNetBN(ConvNet):
+    """ConvNet with BatchNorm after each convolution and each hidden FC layer (before the ReLU), the layout of
+    FedBN's digits CNN (Li et al., ICLR 2021, its official code's DigitModel); its own class, so the ConvNet
+    fast paths (which know no BatchNorm) stay off."""
+
+    def __init__(
+        self, in_channels: int, num_classes: int, image_size: int, c1: int, c2: int, fc1: int, fc2: int
+    ) -> None:
+        super().__init__(in_channels, num_classes, image_size, c1=c1, c2=c2, fc1=fc1, fc2=fc2)
+        self.bn1 = nn.BatchNorm2d(c1)
+        self.bn2 = nn.BatchNorm2d(c2)
+        self.bn3 = nn.BatchNorm1d(fc1)
+        self.bn4 = nn.BatchNorm1d(fc2)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        x = F.relu(self.bn3(self.fc1(torch.flatten(x, 1))))
+        return F.relu(self.bn4(self.fc2(x)))
+
+
+@register_model("simplecnn_bn", accepts=_accepts_conv)
+def simplecnn_bn(in_channels: int, num_classes: int, image_size: int) -> FedModel:
+    """Simple-CNN (6/16 conv channels, FC 120 -> 84) with BatchNorm after each conv and hidden FC layer, for
+    FedBN's local BatchNorm; feature_dim 84."""
+    return ConvNetBN(in_channels, num_classes, image_size, c1=6, c2=16, fc1=120, fc2=84)
+
+
 @register_model("conv2cifar", accepts=_accepts_conv)
 def conv2cifar(in_channels: int, num_classes: int, image_size: int) -> FedModel:
     """FedNH's CNN (Dai et al., AAAI 2023, App. Listing 1): 64/64 conv channels, FC 384 -> 192, head without
@@ -176,3 +204,26 @@ def mlp(
 ) -> FedModel:
     """Two-hidden-layer MLP (the "2NN" of McMahan et al., AISTATS 2017, ``hidden`` units); any input size."""
     return MLP(in_channels, num_classes, image_size, hidden)
+
+
+class MLPBN(MLP):
+    """The MLP with BatchNorm after each hidden layer (before the ReLU)."""
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, hidden: int) -> None:
+        super().__init__(in_channels, num_classes, image_size, hidden)
+        self.bn1 = nn.BatchNorm1d(hidden)
+        self.bn2 = nn.BatchNorm1d(hidden)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn2(self.fc2(F.relu(self.bn1(self.fc1(torch.flatten(x, 1)))))))
+
+
+@register_model("mlp_bn")
+def mlp_bn(
+    in_channels: int,
+    num_classes: int,
+    image_size: int,
+    hidden: Annotated[int, Field(ge=1, le=MLP_MAX_HIDDEN)] = 200,
+) -> FedModel:
+    """``mlp`` with BatchNorm after each hidden layer (a small model for FedBN's local BatchNorm)."""
+    return MLPBN(in_channels, num_classes, image_size, hidden)

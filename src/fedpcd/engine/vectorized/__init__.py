@@ -3,11 +3,11 @@
 Same numbers as the sequential executor up to float rounding, for every algorithm that keeps FedAvg's
 ``local_update`` and ``fit`` (FedAvg, FedProx, FedRS, FedLC, FedMR, FedNH,
 FedGELA, FedGE, SCAFFOLD, FedDyn, FedDC, FedNTD, FedNova, MOON, FedProc, FedSC, CReFF, FedPer, FedBABU,
-LG-FedAvg, FedClassAvg, Local, FedAvg-FT, FedRoD, FedETF, FedProto, FD, FedSSA) unless its
+LG-FedAvg, FedClassAvg, Local, FedAvg-FT, FedRoD, FedETF, FedProto, FD, FedSSA, FedBN) unless its
 ``vectorize_blocker`` names a reason. Not covered (the sequential executor runs them, with a warning):
 methods whose client runs more than one training loop (Ditto, FedRep) or trains two models jointly (FML,
-FedKD), FedMR's Lite variant (random picks inside the loss) and FedSC's ``compat_official`` audit mode (it
-collects features during training).
+FedKD, APFL), Per-FedAvg's meta-learning steps, FedMR's Lite variant (random picks inside the loss) and
+FedSC's ``compat_official`` audit mode (it collects features during training).
 
 How it reproduces ``FedAvg.local_update`` = ``begin_local``; ``fit`` (the shared loop ``train_loop``);
 ``end_local`` for K clients:
