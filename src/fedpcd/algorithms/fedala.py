@@ -37,7 +37,7 @@ from typing import Annotated, Any
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from torch import Tensor, nn
+from torch import nn
 from torch.func import functional_call
 
 from fedpcd.algorithms.base import ALGORITHMS, ClientData, StateDict, clone_state
@@ -63,7 +63,9 @@ def ala_mix(local: StateDict, glob: StateDict, weights: StateDict) -> StateDict:
     return {k: local[k] + (glob[k] - local[k]) * w for k, w in weights.items()}
 
 
-def ala_weight_step(grads: StateDict, local: StateDict, glob: StateDict, weights: StateDict, eta: float) -> StateDict:
+def ala_weight_step(
+    grads: StateDict, local: StateDict, glob: StateDict, weights: StateDict, eta: float
+) -> StateDict:
     """Eq. 6: W <- clip(W - eta * grad (.) (Theta - Theta_i), 0, 1), the gradient taken at the mixed model."""
     return {k: torch.clamp(w - eta * grads[k] * (glob[k] - local[k]), 0.0, 1.0) for k, w in weights.items()}
 
@@ -117,10 +119,16 @@ class FedALA(FedAvg):
                 grads = dict(zip(mixed, torch.autograd.grad(loss, list(mixed.values())), strict=True))
                 weights = ala_weight_step(grads, local, glob, weights, self.eta)
             losses.append(float(loss))
-            if not first or len(losses) >= self.max_weight_epochs or _settled(losses, self.window, self.threshold):
+            if (
+                not first
+                or len(losses) >= self.max_weight_epochs
+                or _settled(losses, self.window, self.threshold)
+            ):
                 break
         work.ala_weights = weights
-        model.load_state_dict({**ala_mix(local, glob, weights), **{k: local[k] for k in buffers}}, strict=False)
+        model.load_state_dict(
+            {**ala_mix(local, glob, weights), **{k: local[k] for k in buffers}}, strict=False
+        )
 
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float

@@ -48,8 +48,8 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.base import (
     ALGORITHMS,
-    ClientData,
     ClassSums,
+    ClientData,
     aggregate_prototypes,
     average_dicts,
     class_means_reply,
@@ -68,7 +68,9 @@ def pac_statistics(z: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tens
     """(V_i, h_i [C, d], class means [C, d]; zero rows for absent classes) of features ``z`` with labels
     ``y``, in float64 (Sec. 4.3, as the official ``statistics_extraction``)."""
     z = z.double()
-    sums = ClassSums(num_classes, z.shape[1:], (), dtype=torch.float64, device=z.device, count_dtype=torch.float64)
+    sums = ClassSums(
+        num_classes, z.shape[1:], (), dtype=torch.float64, device=z.device, count_dtype=torch.float64
+    )
     sums.add(y, z, z.pow(2).sum(1))
     counts = sums.counts
     n = counts.sum()
@@ -81,8 +83,8 @@ def pac_statistics(z: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tens
 
 def collaboration_weights(variances: Tensor, h: Tensor) -> Tensor:
     """[m, m]: row i holds alpha_i, the minimiser of alpha^T (diag(V) + D_i) alpha on the simplex (Eqs.
-    10-12), weights below ``MIN_WEIGHT`` set to 0 and the row renormalised. ``variances`` [m], ``h`` [m, C, d].
-    """
+    10-12), weights below ``MIN_WEIGHT`` set to 0 and the row renormalised; ``variances`` [m], ``h``
+    [m, C, d]."""
     v = variances.detach().double().cpu().numpy()
     flat = h.detach().double().cpu().flatten(1).numpy()  # [m, C d]
     m = len(v)
@@ -100,7 +102,7 @@ def collaboration_weights(variances: Tensor, h: Tensor) -> Tensor:
 
 @torch.no_grad()
 def _features(model: nn.Module, data: ClientData, chunk: int = 512) -> Tensor:
-    """The representation f(x) of every training sample of the client, in eval mode, in ``train_idx`` order."""
+    """f(x) of every training sample of the client, in eval mode, in ``train_idx`` order."""
     was_training = model.training
     model.eval()
     idx = data.train_idx
@@ -130,12 +132,14 @@ class FedPAC(FedRep):
     lam: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
     head_epochs: Annotated[int, Field(ge=0)] = 1  # the official code: 1 head epoch per round
     # body_epochs (inherited): None = local.epochs (the official code's local_epoch, 5 in the paper)
-    head_lr: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None  # None: local lr; official 0.1
+    head_lr: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = (
+        None  # None: local lr; official 0.1
+    )
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
-        """FedPer's body and initial head, the global prototypes (none known yet) and a slot per client for the
-        combined head the server computed for it."""
+        """FedPer's body and initial head, the global prototypes (none known yet) and a slot per client for
+        the combined head the server computed for it."""
         server = super().init_server(model)
         c, d, n, device = self.ctx.num_classes, int(model.feature_dim), self.ctx.num_clients, device_of(model)
         server["prototypes"] = torch.zeros(c, d, device=device)
@@ -155,7 +159,9 @@ class FedPAC(FedRep):
     def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
         """Bodies by n_i, prototypes by class counts, and head_i = sum_j alpha_ij head_j (Eqs. 10-12)."""
         server = super().aggregate(server, replies)
-        server["prototypes"], server["known"] = aggregate_prototypes(server["prototypes"], server["known"], replies)
+        server["prototypes"], server["known"] = aggregate_prototypes(
+            server["prototypes"], server["known"], replies
+        )
         alpha = collaboration_weights(
             torch.stack([r["variance"] for r in replies]), torch.stack([r["h_ref"] for r in replies])
         )

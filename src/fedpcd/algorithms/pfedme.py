@@ -72,7 +72,8 @@ class PFedMe(FedAvg):
         if self.beta != 1.0:
             previous = server["model"]
             mean = {
-                k: torch.lerp(previous[k], v, self.beta) if v.is_floating_point() else v for k, v in mean.items()
+                k: torch.lerp(previous[k], v, self.beta) if v.is_floating_point() else v
+                for k, v in mean.items()
             }
         server["model"] = mean
         return server
@@ -110,7 +111,7 @@ class PFedMe(FedAvg):
         return total / max(seen, 1)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """Eq. 7: f_i(theta; batch) + (lambda / 2) ||theta - w_{i,r}||^2, theta the model, w in ``work.local``."""
+        """Eq. 7: f_i(theta; batch) + (lambda / 2) ||theta - w_{i,r}||^2 (theta: the model, w: work.local)."""
         return super().loss(model, batch, work) + self.lam / 2 * sq_distance(model, work.local)
 
     def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
