@@ -118,7 +118,7 @@ class FedALA(FedAvg):
                 loss = F.cross_entropy(out, data.y[idx])
                 grads = dict(zip(mixed, torch.autograd.grad(loss, list(mixed.values())), strict=True))
                 weights = ala_weight_step(grads, local, glob, weights, self.eta)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if (
                 not first
                 or len(losses) >= self.max_weight_epochs
