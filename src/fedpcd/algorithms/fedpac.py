@@ -97,7 +97,7 @@ def collaboration_weights(variances: Tensor, h: Tensor) -> Tensor:
         alpha = beta / beta.sum()
         alpha[alpha < MIN_WEIGHT] = 0.0
         rows.append(alpha / alpha.sum())
-    return torch.tensor(np.array(rows), dtype=torch.float64)
+    return torch.tensor(np.array(rows), dtype=torch.float64, device=variances.device)
 
 
 @torch.no_grad()
