@@ -18,10 +18,13 @@ import torch
 import torch.nn.functional as F
 
 import fedpcd
+import fedpcd.engine.vectorized as vec
 from conftest import requires_fmnist, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedala import _settled, higher_layer_keys
 from fedpcd.algorithms.fedpac import collaboration_weights, pac_statistics
+from fedpcd.config import load_config
+from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError
 from fedpcd.models import build_model, head_keys
 
@@ -286,6 +289,16 @@ def test_fedpac_server_combines_heads_per_client_and_sends_each_its_own():
 
 
 # ----- end to end -----
+
+
+@pytest.mark.parametrize("name", ["pfedme", "fedala", "fedpac"])
+def test_the_vectorized_executor_leaves_them_to_the_sequential_one(name):
+    """Each has its own local loop (``fit``), which the vectorized executor does not replay."""
+    fed = build_federation(
+        load_config(None, ["dataset.name=synthetic", "model.name=mlp", f"algorithm.name={name}"])
+    )
+    reason = vec.blocker(fed.new_algorithm(), fed, [0, 1])
+    assert reason is not None and "not covered by the vectorized executor (it overrides fit)" in reason
 
 
 @requires_fmnist

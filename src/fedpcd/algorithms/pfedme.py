@@ -81,7 +81,8 @@ class PFedMe(FedAvg):
     # ----- client -----
     def fit(self, model: nn.Module, data: ClientData, work: LocalWork) -> float:
         """Alg. 1 on the client: per batch, K SGD steps on Eq. 7 for theta (the model), then the local w
-        moves towards theta; the model ends holding w, theta goes to ``work.personal``."""
+        moves towards theta; the model ends holding w, theta goes to ``work.personal``. Returns the mean over
+        the batches of Eq. 7 at the K-th step."""
         cfg = self.ctx.local
         eta = round_lr(cfg, work.round)
         params = [p for p in model.parameters() if p.is_floating_point()]
