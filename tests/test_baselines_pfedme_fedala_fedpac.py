@@ -188,6 +188,8 @@ def test_fedala_layers_count_modules_from_the_top_and_too_many_is_one_line():
         UserError, match=r"layers=4 exceeds the model's 3 layers with parameters; choose 1\.\.3"
     ):
         higher_layer_keys(model, 4)
+    with pytest.raises(UserError, match="layers=4 exceeds"):  # before any training
+        _alg("fedala", layers=4).init_server(model)
 
 
 def test_fedala_convergence_test_needs_more_than_window_losses_with_small_std():

@@ -76,17 +76,25 @@ class FedALA(FedAvg):
     """FedALA: FedAvg whose clients start local training from an adaptive element-wise mix of their local and
     the global model (ALA, Eqs. 4-6)."""
 
-    # eta of Eq. 6, the weight learning rate. 1.0: [P] Sec. 5 and the official code's default.
-    eta: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
-    # s, the percentage of local training data W is learnt on. 80: [P] Sec. 5 and the official default.
-    sample_percent: Annotated[float, Field(gt=0.0, le=100.0)] = 80.0
-    # p, the higher layers ALA mixes element-wise (lower ones take the global model). 1: [P] Sec. 5.
-    layers: Annotated[int, Field(ge=1)] = 1
-    # The first ALA trains W until the std of the last `window` pass losses is below `threshold` (official:
-    # threshold 0.1, num_pre_loss 10), for at most `max_weight_epochs` passes (not in [P] nor the code).
-    threshold: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.1
-    window: Annotated[int, Field(ge=2)] = 10
-    max_weight_epochs: Annotated[int, Field(ge=1)] = 100
+    # eta 1.0, s 80, p 1: [P] Sec. 5 and [O]'s defaults; threshold 0.1 and window 10: [O]'s ALA defaults;
+    # max_weight_epochs: neither [P] nor [O] bounds the loop
+    eta: Annotated[float, Field(gt=0.0, allow_inf_nan=False, description="learning rate of W (Eq. 6)")] = 1.0
+    sample_percent: Annotated[
+        float, Field(gt=0.0, le=100.0, description="s: percent of the local data W is learnt on")
+    ] = 80.0
+    layers: Annotated[int, Field(ge=1, description="p: the highest layers ALA mixes (lower: global)")] = 1
+    threshold: Annotated[
+        float, Field(gt=0.0, allow_inf_nan=False, description="first ALA: stop when the losses' std is below")
+    ] = 0.1
+    window: Annotated[int, Field(ge=2, description="first ALA: how many last pass losses the std covers")] = (
+        10
+    )
+    max_weight_epochs: Annotated[int, Field(ge=1, description="first ALA: at most this many passes")] = 100
+
+    def init_server(self, model: nn.Module) -> dict[str, Any]:
+        """FedAvg's, once ``layers`` is checked against the model (before any training)."""
+        higher_layer_keys(model, self.layers)
+        return super().init_server(model)
 
     def fit(self, model: nn.Module, data: ClientData, work: LocalWork) -> float:
         """ALA (from the client's second participation on), then FedAvg's local training."""

@@ -128,13 +128,25 @@ class FedPAC(FedRep):
     )
     extra_server_state: ClassVar[tuple[str, ...]] = ("prototypes", "known", "heads", "collaborated")
 
-    # lambda of Eq. 6, the alignment weight. 1.0: the official code's default (the paper's experiments).
-    lam: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
-    head_epochs: Annotated[int, Field(ge=0)] = 1  # the official code: 1 head epoch per round
-    # body_epochs (inherited): None = local.epochs (the official code's local_epoch, 5 in the paper)
-    head_lr: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = (
-        None  # None: local lr; official 0.1
-    )
+    # lambda 1.0 and 1 head epoch: [O]'s defaults; body epochs: [O]'s local_epoch (5); head lr: [O] 0.1
+    lam: Annotated[
+        float,
+        Field(ge=0.0, allow_inf_nan=False, description="lambda: weight of the feature alignment (Eq. 6)"),
+    ] = 1.0
+    head_epochs: Annotated[int, Field(ge=0, description="epochs on the head (body fixed) first")] = 1
+    body_epochs: (
+        Annotated[int, Field(ge=1, description="epochs on the body (head fixed) then; null: local.epochs")]
+        | None
+    ) = None
+    head_lr: (
+        Annotated[
+            float,
+            Field(
+                gt=0.0, allow_inf_nan=False, description="learning rate of the head epochs; null: local lr"
+            ),
+        ]
+        | None
+    ) = None
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:

@@ -55,15 +55,21 @@ from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply
 class PFedMe(FedAvg):
     """pFedMe: personalized models theta_i from Moreau envelopes (Eq. 7), local w pulled towards them."""
 
-    # lambda of Eqs. 2-3 and 7 (regularisation strength). 15: [P] Sec. 5 and [O]'s MNIST setting.
-    lam: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 15.0
-    # K, the gradient steps that solve Eq. 7 approximately per local step. 5: [P] Sec. 5 and [O].
-    inner_steps: Annotated[int, Field(ge=1)] = 5
-    # The personal learning rate of the K steps. 0.1: [P] Sec. 5 (MNIST) and [O].
-    personal_lr: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.1
-    # beta of the server update; 1 is FedAvg's average, [P] Sec. 5 also runs 2 (acceleration).
-    beta: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
-    weighting: Weighting = "samples"  # "samples": [O]; "uniform": [P] Alg. 1
+    # lambda 15, K 5, personal lr 0.1: [P] Sec. 5 and [O]'s MNIST command; beta: [P] also runs 2
+    lam: Annotated[
+        float, Field(gt=0.0, allow_inf_nan=False, description="lambda of Eqs. 2-3 and 7 (pull of theta to w)")
+    ] = 15.0
+    inner_steps: Annotated[int, Field(ge=1, description="K: gradient steps solving Eq. 7 per local step")] = 5
+    personal_lr: Annotated[
+        float, Field(gt=0.0, allow_inf_nan=False, description="learning rate of the K steps on theta")
+    ] = 0.1
+    beta: Annotated[
+        float,
+        Field(gt=0.0, allow_inf_nan=False, description="server mixing: (1-beta) w + beta * mean (1: FedAvg)"),
+    ] = 1.0
+    weighting: Annotated[
+        Weighting, Field(description="the server mean: by n_i (samples; official code) or plain (Alg. 1)")
+    ] = "samples"
 
     # ----- server -----
     def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
