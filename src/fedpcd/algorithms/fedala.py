@@ -86,9 +86,7 @@ class FedALA(FedAvg):
     threshold: Annotated[
         float, Field(gt=0.0, allow_inf_nan=False, description="first ALA: stop when the losses' std is below")
     ] = 0.1
-    window: Annotated[int, Field(ge=2, description="first ALA: how many last pass losses the std covers")] = (
-        10
-    )
+    window: Annotated[int, Field(ge=2, description="first ALA: the last pass losses the std covers")] = 10
     max_weight_epochs: Annotated[int, Field(ge=1, description="first ALA: at most this many passes")] = 100
 
     def init_server(self, model: nn.Module) -> dict[str, Any]:
