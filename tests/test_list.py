@@ -26,14 +26,15 @@ SECTION = {"algorithm": "algorithm", "model": "model", "partition scheme": "part
 
 
 def _table(block: str) -> dict[str, tuple[str, str]]:
-    """parameter -> (type, default) from the table under 'parameters (...):', split on its column rule."""
+    """parameter -> (type, default) from the table under 'parameters (...):', split on its column rule (a
+    description column, where the parameters declare one, is left out)."""
     lines = block.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("parameters ("))
     rule = lines[start + 2]
     cuts = [0] + [i + 2 for i, (a, b) in enumerate(zip(rule, rule[1:], strict=False)) if a == " " == b]
     rows = {}
     for line in lines[start + 3 :]:
-        name, kind, default = (line[a:b].strip() for a, b in zip(cuts, [*cuts[1:], None], strict=True))
+        name, kind, default, *_ = (line[a:b].strip() for a, b in zip(cuts, [*cuts[1:], None], strict=True))
         rows[name] = (kind, default)
     return rows
 
