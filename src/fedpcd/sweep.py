@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 from fedpcd.config import Config, config_from_dict
 from fedpcd.config_input import merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import RunInUseError, UserError, clip
+from fedpcd.labels import warn_overrides
 from fedpcd.run_format import GA, PA_SPLIT, RunFiles
 from fedpcd.utils import make_folder, path_error, show_path
 
@@ -109,9 +110,10 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
             raise UserError(f"sweep key {key!r} in {path} must map to a non-empty list of values")
         if key == SETTING and not all(isinstance(v, dict) for v in values):
             raise UserError(f"every value of the sweep axis 'setting' in {path} must be a mapping of keys")
-    base = merge_dicts(raw, parse_overrides(overrides or []))
+    extra = parse_overrides(overrides or [])
+    base = merge_dicts(raw, extra)
     root = Path(base.get("output_dir", "runs/sweep"))
-    configs, names = [], set()
+    configs, names, said = [], set(), set()
     for combo in itertools.product(*grid.values()):
         run = copy.deepcopy(base)
         for key, value in zip(grid, combo, strict=True):
@@ -137,6 +139,8 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
         if isinstance(tracking, dict) and tracking.get("loggers"):  # its runs group as the sweep in trackers
             tracking.setdefault("group", (root.resolve().name or "sweep")[:128])
         configs.append(config_from_dict(run))
+        layers = {"config file": {**raw, **{k: v for k, v in zip(grid, combo, strict=True) if k != SETTING}}}
+        warn_overrides(configs[-1].to_dict(), {**layers, "command line": extra}, said)
     return configs
 
 
