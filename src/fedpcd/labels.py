@@ -49,6 +49,19 @@ def preset_overrides(config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     return {key: (value, used[key]) for key, value in values.items() if used[key] != value}
 
 
+def method_overrides(config: Mapping[str, Any]) -> list[str]:
+    """The keys of :func:`preset_overrides` that make the run another method than its preset's: all but the
+    federation and budget (``fedpcd.algorithms.presets.PROTOCOL``), in the preset's order."""
+    return [key for key in preset_overrides(config) if key not in _protocol()]
+
+
+def overrides_suffix(config: Mapping[str, Any]) -> str:
+    """`` (overrides local.grad_clip, ...)`` for a run whose config overrides its preset's method keys
+    (:func:`method_overrides`); empty otherwise."""
+    method = method_overrides(config)
+    return f" (overrides {', '.join(method)})" if method else ""
+
+
 def run_label(config: Mapping[str, Any]) -> str:
     """A run's method as reports name it: ``fedgela``, ``fedgela preset=official``, or, with the preset's
     method keys (all but ``fedpcd.algorithms.presets.PROTOCOL``) that the config overrides, ``fedgela
@@ -57,9 +70,7 @@ def run_label(config: Mapping[str, Any]) -> str:
     name = str(section.get("name", "fedavg"))
     if section.get("preset") is None:
         return name
-    method = [key for key in preset_overrides(config) if key not in _protocol()]
-    overrides = f" (overrides {', '.join(method)})" if method else ""
-    return f"{name} preset={section['preset']}{overrides}"
+    return f"{name} preset={section['preset']}{overrides_suffix(config)}"
 
 
 def _text(value: Any) -> str:

@@ -383,6 +383,18 @@ def setting_columns(varying: list[str], key: tuple, algorithm: str | None = None
     return {section: " ".join(cells.get(section, [])) or "-" for section in sections}
 
 
+def method_columns(varying: list[str], key: tuple, run: Run) -> dict[str, str]:
+    """:func:`setting_columns` of a group of runs like ``run``, its algorithm's cell naming the preset keys
+    the config overrides (``fedgela preset=official (overrides local.grad_clip)``: not the preset's method,
+    ``fedpcd.labels.method_overrides``)."""
+    from fedpcd.labels import overrides_suffix
+
+    cells = setting_columns(varying, key, run.config["algorithm"]["name"])
+    if "algorithm" in cells:
+        cells["algorithm"] += overrides_suffix(run.config)
+    return cells
+
+
 def all_geometries(runs: list[Run]) -> dict[Path, dict[str, float | None]]:
     """``run_geometry`` of every run that kept its checkpoint, with a progress bar (a local update per client
     and run: minutes for a large folder)."""
@@ -448,8 +460,7 @@ def report_table(
     geometries = all_geometries(runs) if geometry else {}
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, members in groups.items():
-        name = members[0].config["algorithm"]["name"]
-        cells = list(setting_columns(varying, key, name).values()) + [str(len(members))]
+        cells = list(method_columns(varying, key, members[0]).values()) + [str(len(members))]
         for metric in REPORTED:
             vals = [v for v in (last_mean(r.records, metric.key, last) for r in members) if v is not None]
             cells.append(mean_std(vals))
@@ -496,8 +507,7 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     axes = fig.subplots(1, 2)
     for key, members in groups.items():
-        name = members[0].config["algorithm"]["name"]
-        label = ", ".join(setting_columns(varying, key, name).values()) or "run"
+        label = ", ".join(method_columns(varying, key, members[0]).values()) or "run"
         records = pd.DataFrame.from_records([r for run in members for r in run.records])
         for ax, metric in zip(axes, HEADLINE, strict=False):
             values = records.reindex(columns=["round", metric.key]).dropna()

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fedpcd.labels import overrides_suffix
 from fedpcd.report import Run, _flatten, _preset_keys, group_runs, last_mean, setting_columns
 
 if TYPE_CHECKING:
@@ -90,7 +91,9 @@ def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
     for run, flat, preset in zip(runs, flats, presets, strict=True):
         name = run.config[METHOD_SECTION]["name"]
         method_values = tuple(flat.get(k) for k in method_keys)
-        method = setting_columns(method_keys, method_values, name).get(METHOD_SECTION) or name
+        method = (
+            setting_columns(method_keys, method_values, name).get(METHOD_SECTION) or name
+        ) + overrides_suffix(run.config)
         unusual = [
             k for k in setting_keys if k not in preset and json.dumps(flat.get(k), default=str) != usual[k]
         ]
