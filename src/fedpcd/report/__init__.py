@@ -23,7 +23,7 @@ from typing import Any
 
 from fedpcd.config import run_setting
 from fedpcd.errors import UserError, clip, short
-from fedpcd.run_format import CODE, GA, HEADLINE, REPORTED, RunFiles, same_code
+from fedpcd.run_format import CODE, GA, HEADLINE, REPORTED, RunFiles, code_key, same_code
 from fedpcd.utils import parse_json, path_error, read_json, read_user_text, show_path
 
 IGNORED = {"seed", "output_dir"}
@@ -307,10 +307,12 @@ def code_mismatches(runs: list[Run], algorithm: str) -> list[str]:
 
 
 def _code_label(code: dict[str, Any] | None) -> str:
-    if code is None:
+    key = code_key(code)
+    if key is None:
         return "code not recorded"
-    commit = code.get("commit")
-    return f"results {code.get('results')}, " + (f"commit {commit[:12]}" if commit else "no commit")
+    results, commit, dirty, diff = key
+    state = (f" +dirty (diff {diff[:8]})" if diff else " +dirty") if dirty else ""
+    return f"results {results}, " + (f"commit {commit[:12]}{state}" if commit else "no commit")
 
 
 def mean_bytes(records: list[dict[str, Any]], key: str) -> float:
