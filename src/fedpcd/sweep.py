@@ -139,8 +139,7 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
         if isinstance(tracking, dict) and tracking.get("loggers"):  # its runs group as the sweep in trackers
             tracking.setdefault("group", (root.resolve().name or "sweep")[:128])
         configs.append(config_from_dict(run))
-        layers = {"config file": {**raw, **{k: v for k, v in zip(grid, combo, strict=True) if k != SETTING}}}
-        warn_overrides(configs[-1].to_dict(), {**layers, "command line": extra}, said)
+        warn_overrides(configs[-1].to_dict(), {"config file": run, "command line": extra}, said)
     return configs
 
 
