@@ -37,14 +37,23 @@ def _protocol() -> tuple[str, ...]:
     return PROTOCOL
 
 
+def _preset_of(config: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+    """(algorithm, preset, the preset's dotted values) of a config; None without a preset."""
+    section = config.get("algorithm")
+    if not isinstance(section, Mapping) or section.get("preset") is None:
+        return None
+    name = str(section.get("name", "fedavg"))
+    return name, section["preset"], _preset_values(name, section["preset"])
+
+
 def preset_overrides(config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """The keys of a resolved config's preset that the config gives another value: dotted key -> (the preset's
     value, the value used), in the preset's order; empty without a preset. Works on any run's config.yaml
     (archived runs included: they are fully resolved). An unknown preset is a one-line UserError."""
-    section = config.get("algorithm")
-    if not isinstance(section, Mapping) or section.get("preset") is None:
+    preset = _preset_of(config)
+    if preset is None:
         return {}
-    values = _preset_values(str(section.get("name", "fedavg")), section["preset"])
+    values = preset[2]
     used = {key: _leaf(config, key) for key in values}
     return {key: (value, used[key]) for key, value in values.items() if used[key] != value}
 
@@ -66,11 +75,10 @@ def run_label(config: Mapping[str, Any]) -> str:
     """A run's method as reports name it: ``fedgela``, ``fedgela preset=official``, or, with the preset's
     method keys (all but ``fedpcd.algorithms.presets.PROTOCOL``) that the config overrides, ``fedgela
     preset=official (overrides local.grad_clip)``: such a run is not the preset's method."""
-    section = config.get("algorithm") or {}
-    name = str(section.get("name", "fedavg"))
-    if section.get("preset") is None:
-        return name
-    return f"{name} preset={section['preset']}{overrides_suffix(config)}"
+    preset = _preset_of(config)
+    if preset is None:
+        return str((config.get("algorithm") or {}).get("name", "fedavg"))
+    return f"{preset[0]} preset={preset[1]}{overrides_suffix(config)}"
 
 
 def _text(value: Any) -> str:
@@ -84,13 +92,13 @@ def overrides_line(config: Mapping[str, Any], given: Mapping[str, str] | None = 
     changed = preset_overrides(config)
     if not changed:
         return None
-    section = config["algorithm"]
+    name, preset, _ = _preset_of(config) or ("", "", {})
     where = given or {}
     parts = [
-        f"{key}={_text(preset)} overridden by {_text(used)}" + (f" ({where[key]})" if key in where else "")
-        for key, (preset, used) in changed.items()
+        f"{key}={_text(value)} overridden by {_text(used)}" + (f" ({where[key]})" if key in where else "")
+        for key, (value, used) in changed.items()
     ]
-    return f"preset {section.get('name', 'fedavg')}/{section['preset']}: {', '.join(parts)}"
+    return f"preset {name}/{preset}: {', '.join(parts)}"
 
 
 _SAID: dict[str, str] = {}  # a warning without its keys' sources -> as said with them (for the run's run.log)
@@ -108,11 +116,10 @@ def warn_overrides(
     ``said``: the warnings said already (a sweep's runs sharing one: said once), updated."""
     from fedpcd.logs import LOGGER
 
+    changed = preset_overrides(config)
     given = {}
     for source, tree in (layers or {}).items():
-        given.update(
-            {key: source for key in preset_overrides(config) if _leaf(tree, key, _MISSING) is not _MISSING}
-        )
+        given.update({key: source for key in changed if _leaf(tree, key, _MISSING) is not _MISSING})
     line = overrides_line(config, given)
     if line is not None and line not in (said or ()):
         _SAID[overrides_line(config) or ""] = line
@@ -132,9 +139,8 @@ def run_log_line(config: Mapping[str, Any]) -> str | None:
 def preset_record(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a run's summary.json records of its preset: its name, the keys it sets with their values and the
     keys the config overrode (key -> [preset's value, value used]); None without a preset."""
-    section = config.get("algorithm")
-    if not isinstance(section, Mapping) or section.get("preset") is None:
+    preset = _preset_of(config)
+    if preset is None:
         return None
-    values = _preset_values(str(section.get("name", "fedavg")), section["preset"])
     overridden = {key: list(pair) for key, pair in preset_overrides(config).items()}
-    return {"name": section["preset"], "sets": values, "overridden": overridden}
+    return {"name": preset[1], "sets": preset[2], "overridden": overridden}
