@@ -259,3 +259,32 @@ def test_fedssa_official_hetero_carries_its_model_list_and_list_says_why_keys_ar
     assert "\n    leaves rounds unset: " in text and "\n    leaves model.name unset: " in text
     readme = load_config(None, ["algorithm.name=fedgela", "algorithm.preset=official_readme"]).to_dict()
     assert readme["algorithm"]["scale"] == 1.0e5 and (readme["rounds"], readme["clients"]) == (100, 50)
+
+
+@pytest.mark.parametrize(("name", "preset"), _all_presets())
+def test_every_preset_sets_its_protocol_or_says_why_not(name, preset):
+    from fedpcd.algorithms.presets import PROTOCOL
+
+    spec = presets_of(name)[preset]
+    for key in PROTOCOL:
+        assert (key in spec.values) != (key in spec.unset), (name, preset, key)  # one or the other
+    assert all(why.strip() for why in spec.unset.values())
+
+
+def test_archived_preset_runs_resolve_as_they_were_written():
+    """An archived run's config.yaml is fully resolved: the presets' new protocol keys change nothing in it
+    (its resume and rerun), though its label now names the method keys its config overrode."""
+    from pathlib import Path
+
+    from fedpcd.config import canonical_config, load_run_config
+    from fedpcd.labels import run_label
+
+    runs = Path(__file__).resolve().parents[1] / "docs" / "results" / "runs" / "headline-fedssa-fmnist"
+    folders = sorted(runs.glob("fedssa-preset*_seed0"))
+    assert len(folders) == 2  # official and paper
+    for folder in folders:
+        written = yaml.safe_load((folder / "config.yaml").read_text())
+        config = load_run_config(folder / "config.yaml")
+        assert config.to_dict() == written and config.rounds == 30  # not the preset's 500
+        assert canonical_config(load_config(folder / "config.yaml")) == canonical_config(config)
+        assert run_label(written).startswith(f"fedssa preset={written['algorithm']['preset']}")
