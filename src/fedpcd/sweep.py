@@ -315,9 +315,7 @@ def check_archive_clean(root: Path, allow_dirty: bool) -> None:
     checkout has uncommitted changes, unless ``allow_dirty``, which its runs then record."""
     parts = Path(os.path.abspath(root)).parts
     inside = any(parts[i : i + len(ARCHIVE)] == ARCHIVE for i in range(len(parts)))
-    if not inside:
-        return
-    if not code_version().get("dirty"):
+    if not inside or not code_version().get("dirty"):
         return
     if not allow_dirty:
         raise UserError(
