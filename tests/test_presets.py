@@ -288,3 +288,16 @@ def test_archived_preset_runs_resolve_as_they_were_written():
         assert config.to_dict() == written and config.rounds == 30  # not the preset's 500
         assert canonical_config(load_config(folder / "config.yaml")) == canonical_config(config)
         assert run_label(written).startswith(f"fedssa preset={written['algorithm']['preset']}")
+
+
+def test_labels_and_the_code_comparison_import_without_torch():
+    """The docs renderer reads labels and code records of many runs: importing them loads no torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from fedpcd.labels import preset_overrides, run_label; "
+        "from fedpcd.run_format import comparable; "
+        "assert run_label({'algorithm': {'name': 'fedavg'}}) == 'fedavg'; assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
