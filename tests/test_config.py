@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pydoc
+import re
 import typing
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import yaml
 from pydantic import BaseModel
 
 import fedpcd
-from fedpcd.config import Config, EngineConfig, load_config
+from fedpcd.config import Config, EngineConfig, config_from_dict, load_config
 from fedpcd.config_input import parse_overrides
 from fedpcd.errors import UserError
 from fedpcd.params import LocalTraining
@@ -27,10 +28,14 @@ def test_defaults_are_resolved():
 
 
 def test_example_config_states_every_key_with_its_default():
-    """configs/example.yaml is the reference of every key: it resolves to the defaults and leaves none out."""
+    """configs/example.yaml is the reference of every key, each commented out (so that it pins none of the
+    keys a preset sets): it sets nothing, and with every '#' before a key deleted it resolves to the defaults
+    and leaves none out."""
     path = Path(__file__).resolve().parents[1] / "configs" / "example.yaml"
-    raw, defaults = yaml.safe_load(path.read_text()), load_config(None).to_dict()
-    assert load_config(path).to_dict() == defaults
+    text, defaults = path.read_text(), load_config(None).to_dict()
+    assert yaml.safe_load(text) is None and load_config(path).to_dict() == defaults
+    raw = yaml.safe_load(re.sub(r"^#(?=[a-z_]+:)", "", text, flags=re.MULTILINE))
+    assert config_from_dict(raw).to_dict() == defaults
     assert list(raw) == list(defaults)
     for key, section in defaults.items():
         if isinstance(section, dict):

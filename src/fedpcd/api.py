@@ -561,7 +561,7 @@ def _block(kind: str, name: str, obj: Any) -> str:
 
         presets = describe_presets(name)
         if presets:
-            lines.append("presets (set as algorithm.preset=<name>; a key set in the config wins):")
+            lines.append("presets (set as algorithm.preset=<name>; a key the config sets wins, warned):")
             lines.extend(presets)
     lines.append(f"parameters (set as {SECTIONS[kind]}.<parameter>=<value>):")
     lines.extend(line.rstrip() for line in text_table(rows, header).splitlines())

@@ -101,8 +101,11 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         return
     where = [] if args.launcher == "local" else ["--launcher", args.launcher]
     where += [*(["--address", args.address] if args.address else []), *(f"--slurm={s}" for s in args.slurm)]
+    where += ["--allow-dirty"] if args.allow_dirty else []
     args.resume_hint = " ".join(["fedpcd sweep --config", args.config, *where, *args.overrides])
-    run_sweep(args.config, args.overrides, args.jobs, args.launcher, args.address, args.slurm)
+    run_sweep(
+        args.config, args.overrides, args.jobs, args.launcher, args.address, args.slurm, args.allow_dirty
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -316,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
         "mem=GB, gpus=N; cluster=local runs the jobs on this machine instead",
     )
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status only")
+    sweep.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="run into docs/results/runs although src/fedpcd has uncommitted changes (the runs record it)",
+    )
     sweep.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="applied to every run")
     sweep.set_defaults(func=cmd_sweep)
 

@@ -485,7 +485,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     Resolving fills in the chosen partition scheme's, model's and algorithm's own parameters (checked
     against their declarations) and the preset's keys; an override that switches the scheme, model or
-    algorithm drops the file's other keys of that section.
+    algorithm drops the file's other keys of that section. Precedence, lowest first: defaults < the preset <
+    the file < the overrides; a preset key the file or an override gives another value is one warning line.
 
     Args:
         path: A YAML config file, or the name of a config the package ships (``example``,
@@ -500,8 +501,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         UserError: A missing or invalid file, an unknown key or name, a bad value: one line naming it and
             the valid choices.
     """
+    from fedpcd.labels import warn_overrides
+
     raw = read_yaml(config_path(os.fspath(path))) if path is not None else {}
-    return config_from_dict(apply_overrides(raw, parse_overrides(overrides or [])))
+    extra = parse_overrides(overrides or [])
+    config = config_from_dict(apply_overrides(raw, extra))
+    warn_overrides(config.to_dict(), {"config file": raw, "command line": extra})
+    return config
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Config:

@@ -27,6 +27,7 @@ from fedpcd.errors import UserError
 LOGGER = logging.getLogger("fedpcd")
 FILE_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
+RUN_LOG_ONLY = "run_log_only"  # a record with this attribute true goes to run.log alone (``extra=``)
 _RUN_LOGS: set[Path] = set()  # the run.log files this process writes now
 
 
@@ -39,6 +40,8 @@ class _Console(logging.Handler):
         return f"fedpcd: {level}{record.getMessage()}"
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, RUN_LOG_ONLY, False):  # already said on stderr when the config was read
+            return
         from tqdm import tqdm
 
         try:

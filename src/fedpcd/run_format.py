@@ -11,6 +11,10 @@ No torch here: the report, the sweep and `fedpcd --help` start without loading i
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,40 +272,78 @@ RESULTS_VERSION = 1
 CODE = "code"  # summary.json's record of the code that made the run (:func:`code_version`)
 
 
+ALLOW_DIRTY = (
+    "FEDPCD_ALLOW_DIRTY"  # set to 1 (``fedpcd sweep --allow-dirty``): the runs record that they were let
+)
+
+
+def _git(here: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["git", "-C", str(here), *args], capture_output=True, timeout=10)
+
+
+def diff_hash(here: Path) -> str | None:
+    """SHA-256 (hex) of the uncommitted changes to the checkout's folder ``here``: its ``git diff HEAD``,
+    then each untracked (not ignored) file's path and content; None where git cannot tell, ``""`` for
+    none."""
+    diff = _git(here, "diff", "HEAD", "--binary", "--", ".")
+    untracked = _git(here, "ls-files", "--others", "--exclude-standard", "-z", "--", ".")
+    if diff.returncode != 0 or untracked.returncode != 0:
+        return None
+    names = sorted(n for n in untracked.stdout.decode("utf-8", "surrogateescape").split("\0") if n)
+    if not diff.stdout and not names:
+        return ""
+    digest = hashlib.sha256(diff.stdout)
+    for name in names:
+        digest.update(b"\0" + name.encode("utf-8", "surrogateescape") + b"\0")
+        with contextlib.suppress(OSError):  # removed meanwhile: its name still counts
+            digest.update((here / name).read_bytes())
+    return digest.hexdigest()
+
+
 def code_version() -> dict[str, Any]:
     """The code that is running, as summary.json records it.
 
     Returns:
-        `{"fedpcd": version, "commit": commit, "results": RESULTS_VERSION}`: the git commit of the
-            checkout (None when installed from a wheel; `+dirty` appended when the checkout has uncommitted
-            changes) and the results-compatibility number, raised whenever a change alters a run's numbers.
+        `{"fedpcd": version, "commit": commit, "dirty": dirty, "diff": diff, "results": RESULTS_VERSION}`:
+            the git commit of the checkout (None when installed from a wheel: then no `dirty` or `diff`),
+            whether `src/fedpcd` has uncommitted changes (untracked files included) and the SHA-256 of them
+            ([`diff_hash`][fedpcd.run_format.diff_hash]; None when clean), `"allow_dirty": true` where a sweep
+            was let run on a dirty tree (`--allow-dirty`), and the results-compatibility number, raised
+            whenever a change alters a run's numbers. Records written before the flag and the hash had
+            `"<commit>+dirty"` instead (still read: [`code_key`][fedpcd.run_format.code_key]).
     """
-    import subprocess
-
     from fedpcd import __version__
 
     here = Path(__file__).resolve().parent
-    commit = None
+    record: dict[str, Any] = {"fedpcd": __version__, "commit": None}
     try:
-        out = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no", "--", "."],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        head = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        if head.returncode == 0 and out.returncode == 0:
-            commit = head.stdout.strip() + ("+dirty" if out.stdout.strip() else "")
+        head = _git(here, "rev-parse", "HEAD")
+        diff = diff_hash(here) if head.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
-        pass
-    return {"fedpcd": __version__, "commit": commit, "results": RESULTS_VERSION}
+        diff = None
+    if diff is not None:
+        record.update(commit=head.stdout.decode().strip(), dirty=diff != "", diff=diff or None)
+        if diff and os.environ.get(ALLOW_DIRTY) == "1":
+            record["allow_dirty"] = True
+    return {**record, "results": RESULTS_VERSION}
+
+
+def code_key(code: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """A code record as (results number, commit, dirty, diff hash), old records (`"<commit>+dirty"`, diff
+    unknown) included; None for none."""
+    if code is None:
+        return None
+    commit = code.get("commit")
+    dirty, diff = bool(code.get("dirty")), code.get("diff")
+    if isinstance(commit, str) and commit.endswith("+dirty"):
+        commit, dirty = commit.removesuffix("+dirty"), True
+    return (code.get("results"), commit, dirty, diff)
 
 
 def same_code(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
-    """Whether two summaries' code records name one code version: the same results number and the same
-    commit.
+    """Whether two summaries' code records name one code version: the same results number, the same commit,
+    and the same uncommitted changes (none, or the same diff hash; two old `"+dirty"` records of one commit,
+    whose diff is unknown, count as the same, as they always did).
 
     Args:
         a: One summary's record (its `"code"` entry, [`code_version`][fedpcd.run_format.code_version]),
@@ -311,6 +353,29 @@ def same_code(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     Returns:
         True for the same code version; False when they differ or either is None (known to match nothing).
     """
-    if a is None or b is None:
-        return False
-    return a.get("results") == b.get("results") and a.get("commit") == b.get("commit")
+    key_a, key_b = code_key(a), code_key(b)
+    return key_a is not None and key_a == key_b
+
+
+def comparable(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str | None:
+    """Why two runs' numbers may differ by code, in a few words; None when both come from the same clean
+    commit with the same results number.
+
+    Args:
+        a: One summary's code record ([`code_version`][fedpcd.run_format.code_version]) or None.
+        b: The other's.
+
+    Returns:
+        None, or "no commit recorded", "results numbers 1, 2", "runs from commits 5e1e752, 553556a" or
+        "dirty tree".
+    """
+    key_a, key_b = code_key(a), code_key(b)
+    if key_a is None or key_b is None or key_a[1] is None or key_b[1] is None:
+        return "no commit recorded"
+    if key_a[0] != key_b[0]:
+        return f"results numbers {key_a[0]}, {key_b[0]}"
+    if key_a[1] != key_b[1]:
+        return f"runs from commits {key_a[1][:7]}, {key_b[1][:7]}"
+    if key_a[2] or key_b[2]:
+        return "dirty tree"
+    return None

@@ -60,7 +60,8 @@ from typing import TYPE_CHECKING, Any
 from fedpcd.config import Config, config_from_dict
 from fedpcd.config_input import merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import RunInUseError, UserError, clip
-from fedpcd.run_format import GA, PA_SPLIT, RunFiles
+from fedpcd.labels import warn_overrides
+from fedpcd.run_format import ALLOW_DIRTY, GA, PA_SPLIT, RunFiles, code_version
 from fedpcd.utils import make_folder, path_error, show_path
 
 if TYPE_CHECKING:
@@ -109,9 +110,10 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
             raise UserError(f"sweep key {key!r} in {path} must map to a non-empty list of values")
         if key == SETTING and not all(isinstance(v, dict) for v in values):
             raise UserError(f"every value of the sweep axis 'setting' in {path} must be a mapping of keys")
-    base = merge_dicts(raw, parse_overrides(overrides or []))
+    extra = parse_overrides(overrides or [])
+    base = merge_dicts(raw, extra)
     root = Path(base.get("output_dir", "runs/sweep"))
-    configs, names = [], set()
+    configs, names, said = [], set(), set()
     for combo in itertools.product(*grid.values()):
         run = copy.deepcopy(base)
         for key, value in zip(grid, combo, strict=True):
@@ -137,6 +139,7 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
         if isinstance(tracking, dict) and tracking.get("loggers"):  # its runs group as the sweep in trackers
             tracking.setdefault("group", (root.resolve().name or "sweep")[:128])
         configs.append(config_from_dict(run))
+        warn_overrides(configs[-1].to_dict(), {"config file": run, "command line": extra}, said)
     return configs
 
 
@@ -304,6 +307,24 @@ def _names(dirs: list[str], root: Path, limit: int = 3) -> str:
     return ", ".join(clip(n, 60) for n in names[:limit]) + more
 
 
+ARCHIVE = ("docs", "results", "runs")  # the repository's archived runs: made by committed code only
+
+
+def check_archive_clean(root: Path, allow_dirty: bool) -> None:
+    """Refuse (one UserError line) a sweep folder ``root`` inside the archive (``ARCHIVE``) while the running
+    checkout has uncommitted changes, unless ``allow_dirty``, which its runs then record."""
+    parts = Path(os.path.abspath(root)).parts
+    inside = any(parts[i : i + len(ARCHIVE)] == ARCHIVE for i in range(len(parts)))
+    if not inside or not code_version().get("dirty"):
+        return
+    if not allow_dirty:
+        raise UserError(
+            f"{show_path(root)} is in the archive of runs ({'/'.join(ARCHIVE)}) and src/fedpcd has "
+            "uncommitted changes; commit them first, or give --allow-dirty (the runs record it)"
+        )
+    os.environ[ALLOW_DIRTY] = "1"  # read by code_version here and in the workers this process starts
+
+
 def run_sweep(
     path: str | Path,
     overrides: list[str] | None = None,
@@ -311,6 +332,7 @@ def run_sweep(
     launcher: str = "local",
     address: str | None = None,
     slurm: list[str] | None = None,
+    allow_dirty: bool = False,
 ) -> list[Config]:
     """Run every unfinished run of the grid; returns the grid's configs.
 
@@ -322,11 +344,13 @@ def run_sweep(
     Returns when every run of the grid is finished at the end (whoever finished it); otherwise raises one
     UserError counting the failed, skipped and finished runs, so the command exits 2 and a rerun retries
     (resumes) them. The index (``write_index``) is written before any run: an output_dir that cannot hold it
-    stops the sweep at once.
+    stops the sweep at once. A sweep into the archive (``ARCHIVE``) refuses a checkout with uncommitted
+    changes to ``src/fedpcd`` unless ``allow_dirty`` (then its runs record it: ``code_version``).
     """
     from fedpcd.launchers import make_launcher
 
     configs = expand_sweep(path, overrides)
+    check_archive_clean(Path(configs[0].output_dir).parent, allow_dirty)
     index = index_path(path, overrides)
     check_sweep_links(index, configs)
     runner = make_launcher(launcher, jobs, address, slurm, index.parent)

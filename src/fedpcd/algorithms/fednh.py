@@ -198,6 +198,11 @@ _PROTOCOL = {
     "local.batch_size": 64,
     "clients": 100,
     "participation": 0.1,
+    "rounds": 200,
+}
+# why neither preset sets the model
+_MODEL = {
+    "model.name": "the dataset's: conv2cifar for CIFAR-10/100, ResNet-18 with GroupNorm for Tiny-ImageNet"
 }
 
 
@@ -230,8 +235,8 @@ class FedNH(FedAvg):
     presets: ClassVar[dict[str, Preset]] = {
         "paper": Preset(
             "the paper: simplex init (Eq. 1), uniform prototype weights (App. A.2), means of raw samples "
-            "(Eq. 3); 100 clients, 10% per round, E = 5, B = 64, SGD lr 0.01 x 0.99 per round, momentum 0.9, "
-            "weight decay 1e-5, s trainable from 1.0, no gradient clipping",
+            "(Eq. 3); 100 clients, 10% per round, 200 rounds, E = 5, B = 64, SGD lr 0.01 x 0.99 per round, "
+            "momentum 0.9, weight decay 1e-5, s trainable from 1.0, no gradient clipping",
             {
                 "algorithm.init": "simplex",
                 "algorithm.proto_weighting": "uniform_paper",
@@ -239,6 +244,7 @@ class FedNH(FedAvg):
                 **_PROTOCOL,
                 "local.grad_clip": None,
             },
+            _MODEL,
         ),
         "official": Preset(
             "the released code: orthogonal init, count-weighted unit class means, means over augmented "
@@ -250,6 +256,7 @@ class FedNH(FedAvg):
                 **_PROTOCOL,
                 "local.grad_clip": 10.0,
             },
+            _MODEL,
         ),
     }
 

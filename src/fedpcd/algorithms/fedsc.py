@@ -191,6 +191,12 @@ _PAPER_OPTIONS: dict[str, Any] = {
     "use_u": True,
     "compat_official": False,
 }
+# why the paper's presets leave protocol keys unset
+_UNSET = {
+    "participation": "the paper samples a random subset of clients each round, its fraction not given (the "
+    "code: 5 of 10)",
+    "model.name": "the experiment's (the paper's CNNs and ResNets per dataset)",
+}
 
 
 @ALGORITHMS.register("fedsc")
@@ -217,7 +223,7 @@ class FedSC(FedAvg):
     presets: ClassVar[dict[str, Preset]] = {
         "paper": Preset(
             "the paper: Eqs. 7-15 (L1-sum CPDR, U normaliser, M = 2, all weights 1), SGD lr 0.01, momentum "
-            "0.9, weight decay 1e-5, E = 10, B = 64",
+            "0.9, weight decay 1e-5, E = 10, B = 64, 100 rounds, 10 clients",
             {
                 **{f"algorithm.{k}": v for k, v in _PAPER_OPTIONS.items()},
                 "local.lr": 0.01,
@@ -225,11 +231,15 @@ class FedSC(FedAvg):
                 "local.weight_decay": 1.0e-5,
                 "local.epochs": 10,
                 "local.batch_size": 64,
+                "rounds": 100,
+                "clients": 10,
             },
+            _UNSET,
         ),
         "official": Preset(
             "the released code as it runs (compat_official; its CPDR target is the features, so CPDR is 0), "
-            "SGD lr 0.1 without momentum or weight decay, E = 10, B = 64, 5 of 10 clients per round",
+            "SGD lr 0.1 without momentum or weight decay, E = 10, B = 64, 5 of 10 clients per round, 100 "
+            "rounds",
             {
                 "algorithm.compat_official": True,
                 "algorithm.cpdr_dist": "self_mse",
@@ -245,7 +255,9 @@ class FedSC(FedAvg):
                 "local.batch_size": 64,
                 "clients": 10,
                 "participation": 0.5,
+                "rounds": 100,
             },
+            {"model.name": _UNSET["model.name"]},
         ),
         "code_intended": Preset(
             "the paper preset with CPDR as the released code meant it: mean over dimensions of (z - o^y)^2 "
@@ -258,7 +270,10 @@ class FedSC(FedAvg):
                 "local.weight_decay": 1.0e-5,
                 "local.epochs": 10,
                 "local.batch_size": 64,
+                "rounds": 100,
+                "clients": 10,
             },
+            _UNSET,
         ),
     }
 

@@ -129,11 +129,18 @@ class FedSSA(FedAvg):
                 "algorithm.upload": "seen_rows",
                 "local.lr": 0.01,
             },
+            {
+                "rounds": "the paper trains 100 or 500 rounds, until converged",
+                "clients": "three settings: 10 clients all per round, 50 with 20%, 100 with 10%",
+                "participation": "1.0, 0.2 or 0.1 with its 10, 50 or 100 clients",
+                "local.epochs": "tuned over {1, 10} without the value used",
+                "model.name": "cnn1 for all (model-homogeneous) or cnn1..cnn5 by client (heterogeneous)",
+            },
         ),
         "official": Preset(
             "the released homogeneous script's whole setting, for which its T_stable 45 is tuned: 50 "
             "clients, 20% per round, server average over every client's cached rows, SGD lr 0.005, momentum "
-            "0.9, weight decay 5e-5, gradient-norm clip 50, E = 10, B = 512",
+            "0.9, weight decay 5e-5, gradient-norm clip 50, E = 10, B = 512, 500 rounds, CNN-1 for all",
             {
                 "algorithm.mu0": 0.5,
                 "algorithm.t_stable": 45,
@@ -142,12 +149,14 @@ class FedSSA(FedAvg):
                 "local.batch_size": 512,
                 "clients": 50,
                 "participation": 0.2,
+                "rounds": 500,
+                "model.name": "cnn1",
             },
         ),
         "official_hetero": Preset(
             "the released heterogeneous script's setting: 10 clients, all per round, cached-rows average, "
             "T_stable 2, SGD lr 0.005, momentum 0.9, weight decay 5e-5, gradient-norm clip 50, E = 25, "
-            "B = 512",
+            "B = 512, 500 rounds, client k on CNN-((k mod 5) + 1)",
             {
                 "algorithm.mu0": 0.5,
                 "algorithm.t_stable": 2,
@@ -156,6 +165,8 @@ class FedSSA(FedAvg):
                 "local.batch_size": 512,
                 "clients": 10,
                 "participation": 1.0,
+                "rounds": 500,
+                "model.name": ["cnn1", "cnn2", "cnn3", "cnn4", "cnn5"],
             },
         ),
     }

@@ -7,8 +7,16 @@ mostly ``algorithm.<option>``, but also the optimizer (``local.lr``) or the fede
 T_stable only holds in its code's whole setting).
 
 :func:`apply_preset` fills these values into a raw config before it is validated, only where the config does
-not give the key itself: **an option the user sets always wins over the preset**. The run's config.yaml
-(the resolved config) keeps ``algorithm.preset`` and every value, so it reruns as it is.
+not give the key itself. Precedence, lowest first: the schema's defaults < the preset < the config file < the
+command line's ``KEY=VALUE`` overrides (a key that ``fedpcd init``'s file and the shipped example leave
+commented out is not given). The run's config.yaml (the resolved config) keeps ``algorithm.preset`` and every
+value, so it reruns as it is.
+
+A config that gives a preset key another value than the preset's still runs, with one warning line naming
+each such key; ``fedpcd.labels`` finds them in any resolved config (an archived run's included) and names
+such a run ``fedgela preset=official (overrides local.grad_clip)``. The keys of :data:`PROTOCOL` (the
+federation and the training budget) are the preset's setting, not its method: overriding them is warned about,
+but the run is still the preset's method, in another setting (its label names only the other keys).
 """
 
 from __future__ import annotations
@@ -26,6 +34,11 @@ class Preset:
 
     summary: str
     values: Mapping[str, Any] = field(default_factory=dict)
+    unset: Mapping[str, str] = field(default_factory=dict)  # a PROTOCOL key it does not set -> why not
+
+
+# the keys of a preset that give the experiment's federation and budget rather than the method
+PROTOCOL = ("rounds", "clients", "participation", "local.epochs", "model.name")
 
 
 def presets_of(algorithm: str) -> dict[str, Preset]:
@@ -79,10 +92,12 @@ def apply_preset(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def describe_presets(algorithm: str) -> list[str]:
-    """Lines for ``fedpcd list``: each preset, its summary and the values it sets."""
+    """Lines for ``fedpcd list``: each preset, its summary, the values it sets and why it leaves a
+    :data:`PROTOCOL` key unset."""
     lines = []
     for name, preset in sorted(presets_of(algorithm).items()):
         values = ", ".join(f"{k}={v}" for k, v in preset.values.items())
         lines.append(f"  {name}: {preset.summary}")
         lines.append(f"    sets: {values}")
+        lines.extend(f"    leaves {key} unset: {why}" for key, why in preset.unset.items())
     return lines

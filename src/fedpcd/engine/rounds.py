@@ -48,7 +48,8 @@ from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.robust import check_robust, robust_aggregate
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
-from fedpcd.logs import LOGGER, run_log
+from fedpcd.labels import PRESET, preset_record, run_log_line
+from fedpcd.logs import LOGGER, RUN_LOG_ONLY, run_log
 from fedpcd.run_format import CODE, GA_BALANCED, code_version, headline, headline_text
 from fedpcd.trackers import check_trackers, open_trackers
 
@@ -259,6 +260,9 @@ def run_rounds(
             config.rounds,
             config.backend,
         )
+        said = run_log_line(config.to_dict())
+        if said is not None:  # on stderr when the config was read: here for run.log
+            LOGGER.warning(said, extra={RUN_LOG_ONLY: True})
 
     rounds = range(start + 1, config.rounds + 1)
     desc = desc or config.algorithm.name
@@ -300,6 +304,9 @@ def run_rounds(
                 run_dir.save_checkpoint(checkpoint_state(rnd, server, states, wall, records, config))
                 LOGGER.debug("round %d: checkpoint saved", rnd)
         summary = {**summary_of(records, wall, config.rounds), CODE: code_version()}
+        preset = preset_record(config.to_dict())
+        if preset is not None:  # the preset, its keys and those the config overrode (fedpcd.labels)
+            summary[PRESET] = preset
         run_dir.write_summary(summary)
         trackers.close(summary)
     LOGGER.debug("summary written: final %s, %.1f s of rounds", headline_text(summary["final"]), wall)

@@ -23,7 +23,7 @@ from typing import Any
 
 from fedpcd.config import run_setting
 from fedpcd.errors import UserError, clip, short
-from fedpcd.run_format import CODE, GA, HEADLINE, REPORTED, RunFiles, same_code
+from fedpcd.run_format import CODE, GA, HEADLINE, REPORTED, RunFiles, code_key, same_code
 from fedpcd.utils import parse_json, path_error, read_json, read_user_text, show_path
 
 IGNORED = {"seed", "output_dir"}
@@ -322,10 +322,12 @@ def code_mismatches(runs: list[Run], algorithm: str) -> list[str]:
 
 
 def _code_label(code: dict[str, Any] | None) -> str:
-    if code is None:
+    key = code_key(code)
+    if key is None:
         return "code not recorded"
-    commit = code.get("commit")
-    return f"results {code.get('results')}, " + (f"commit {commit[:12]}" if commit else "no commit")
+    results, commit, dirty, diff = key
+    state = (f" +dirty (diff {diff[:8]})" if diff else " +dirty") if dirty else ""
+    return f"results {results}, " + (f"commit {commit[:12]}{state}" if commit else "no commit")
 
 
 def mean_bytes(records: list[dict[str, Any]], key: str) -> float:
@@ -398,6 +400,18 @@ def setting_columns(varying: list[str], key: tuple, algorithm: str | None = None
     return {section: " ".join(cells.get(section, [])) or "-" for section in sections}
 
 
+def method_columns(varying: list[str], key: tuple, run: Run) -> dict[str, str]:
+    """:func:`setting_columns` of a group of runs like ``run``, its algorithm's cell naming the preset keys
+    the config overrides (``fedgela preset=official (overrides local.grad_clip)``: not the preset's method,
+    ``fedpcd.labels.method_overrides``)."""
+    from fedpcd.labels import overrides_suffix
+
+    cells = setting_columns(varying, key, run.config["algorithm"]["name"])
+    if "algorithm" in cells:
+        cells["algorithm"] += overrides_suffix(run.config)
+    return cells
+
+
 def all_geometries(runs: list[Run]) -> dict[Path, dict[str, float | None]]:
     """``run_geometry`` of every run that kept its checkpoint, with a progress bar (a local update per client
     and run: minutes for a large folder)."""
@@ -463,8 +477,7 @@ def report_table(
     geometries = all_geometries(runs) if geometry else {}
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, members in groups.items():
-        name = members[0].config["algorithm"]["name"]
-        cells = list(setting_columns(varying, key, name).values()) + [str(len(members))]
+        cells = list(method_columns(varying, key, members[0]).values()) + [str(len(members))]
         for metric in REPORTED:
             vals = [v for v in (last_mean(r.records, metric.key, last) for r in members) if v is not None]
             cells.append(mean_std(vals))
@@ -511,8 +524,7 @@ def plot_curves(runs: list[Run], path: str | Path) -> None:
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     axes = fig.subplots(1, 2)
     for key, members in groups.items():
-        name = members[0].config["algorithm"]["name"]
-        label = ", ".join(setting_columns(varying, key, name).values()) or "run"
+        label = ", ".join(method_columns(varying, key, members[0]).values()) or "run"
         records = pd.DataFrame.from_records([r for run in members for r in run.records])
         for ax, metric in zip(axes, HEADLINE, strict=False):
             values = records.reindex(columns=["round", metric.key]).dropna()

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fedpcd.labels import overrides_suffix, run_label
 from fedpcd.report import Run, _flatten, _preset_keys, group_runs, last_mean, setting_columns
 
 if TYPE_CHECKING:
@@ -90,7 +91,8 @@ def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
     for run, flat, preset in zip(runs, flats, presets, strict=True):
         name = run.config[METHOD_SECTION]["name"]
         method_values = tuple(flat.get(k) for k in method_keys)
-        method = setting_columns(method_keys, method_values, name).get(METHOD_SECTION) or name
+        cell = setting_columns(method_keys, method_values, name).get(METHOD_SECTION)
+        method = cell + overrides_suffix(run.config) if cell else run_label(run.config)
         unusual = [
             k for k in setting_keys if k not in preset and json.dumps(flat.get(k), default=str) != usual[k]
         ]
