@@ -57,7 +57,7 @@ from fedpcd.report.document import write_report
 from fedpcd.report.grid import build_grid, run_value
 from fedpcd.report.paper import cells_csv, figure_sections
 from fedpcd.report.verdict import separation, verdict
-from fedpcd.run_format import CODE
+from fedpcd.run_format import CODE, comparable
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = "templates"
@@ -137,20 +137,14 @@ def run_number(run: Any, spec: dict[str, Any]) -> list[float]:
 
 
 def code_problem(runs: list[Any]) -> tuple[str, str] | None:
-    """None when every run's summary names one clean commit, else (a short reason, one naming the runs)."""
-    commits: dict[tuple[str, Any], str] = {}
+    """None when every run's summary names one clean commit (``fedpcd.run_format.comparable``), else (the
+    short reason, the reason naming the first run that breaks it)."""
+    first = runs[0]
     for run in runs:
-        code = run.summary.get(CODE) or {}
-        commit = code.get("commit")
-        where = f"{run.path.parent.name}/{run.path.name}"
-        if not commit:
-            return "no commit recorded", f"{where} records no commit"
-        if commit.endswith("+dirty") or code.get("dirty"):
-            return "dirty tree", f"{where} ran from a dirty tree ({commit[:12]})"
-        commits.setdefault((commit, code.get("results")), run.path.name)
-    if len(commits) > 1:
-        listed = ", ".join(f"{c[:7]} ({name})" for (c, _), name in commits.items())
-        return f"runs from {len(commits)} commits", f"runs from {len(commits)} commits: {listed}"
+        why = comparable(first.summary.get(CODE), run.summary.get(CODE))
+        if why is not None:
+            where = f"{run.path.parent.name}/{run.path.name} vs {first.path.name}"
+            return why, f"{why}: {where}"
     return None
 
 
