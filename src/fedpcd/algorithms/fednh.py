@@ -36,6 +36,7 @@ from fedpcd.algorithms.base import (
     ALGORITHMS,
     ClassSums,
     ClientData,
+    Upload,
     backbone_parameters,
     clone_state,
     device_of,
@@ -207,6 +208,12 @@ class FedNH(FedAvg):
     """FedNH: frozen hyperspherical prototypes as the classifier, updated on the server from class means."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("scale", "classes", "class_means", "class_counts")
+    uploads: ClassVar[tuple[Upload, ...]] = (
+        Upload("scale", "model", "the trained scale s, averaged with the body (Alg. 1 line 9)"),
+        Upload("classes", "classes", "the held classes the class means belong to"),
+        Upload("class_means", "rows", "the class means of the normalised features (Eq. 3)"),
+        Upload("class_counts", "counts", "n_k^c, the count weights of proto_weighting count_code"),
+    )
 
     # Smoothing of the prototype update, Eq. (4); 0.9 in [P] App. A.2 and [C]. rho = 1: FedUH ([C]).
     rho: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
@@ -252,6 +259,13 @@ class FedNH(FedAvg):
             },
         ),
     }
+
+    def upload_bounds(self) -> tuple[Upload, ...]:
+        """With ``learn_scale`` false s is sent back as received: public, not averaged."""
+        if self.learn_scale:
+            return self.uploads
+        fixed = Upload("scale", "public", "s^0 sent back unchanged (learn_scale false): the server's value")
+        return tuple(fixed if u.key == "scale" else u for u in self.uploads)
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
