@@ -290,6 +290,10 @@ class FedMR(FedAvg):
         """Whether l_inter can be active (mu2 > 0 and not Lite 0), i.e. whether prototypes are exchanged."""
         return self.mu2 > 0.0 and self.lite_samples != 0
 
+    def upload_bounds(self) -> tuple[Upload, ...]:
+        """No class statistics where no prototypes are exchanged (``uses_prototypes`` false)."""
+        return self.uploads if self.uses_prototypes else ()
+
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
         """FedAvg's state plus prototypes (C x d zeros, none known yet) and the fixed submitter mask (drawn on

@@ -261,11 +261,13 @@ class FedNH(FedAvg):
     }
 
     def upload_bounds(self) -> tuple[Upload, ...]:
-        """With ``learn_scale`` false s is sent back as received: public, not averaged."""
-        if self.learn_scale:
-            return self.uploads
+        """With ``learn_scale`` false s is sent back as received: public, not averaged; ``uniform_paper``
+        uploads no counts."""
         fixed = Upload("scale", "public", "s^0 sent back unchanged (learn_scale false): the server's value")
-        return tuple(fixed if u.key == "scale" else u for u in self.uploads)
+        uploads = [fixed if u.key == "scale" and not self.learn_scale else u for u in self.uploads]
+        if self.proto_weighting == "uniform_paper":
+            uploads = [u for u in uploads if u.key != "class_counts"]
+        return tuple(uploads)
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:

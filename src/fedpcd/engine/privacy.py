@@ -367,3 +367,28 @@ def dp_epsilon(config: Config, rounds: int) -> float | None:
     sampled = len(sample_clients(config.clients, config.participation, config.seed, 1))
     count = mechanisms(build_algorithm(config.algorithm.name, config.algorithm.params()))
     return epsilon(config.clients, sampled, privacy.noise_multiplier, rounds, privacy.delta, count)
+
+
+MODEL_ROW = "update clipped to L2 norm C (with its model-kind uploads); noise std sigma*C/m on the mean of m"
+
+
+def coverage_table() -> str:
+    """docs/privacy.md's table, from the declarations: per registered algorithm, each upload beyond
+    ``num_samples`` and ``train_loss`` (always 1 and a diagnostic) and how it is bounded and noised, or
+    why the algorithm is refused."""
+    from fedpcd.algorithms.base import UPLOAD_KINDS
+
+    lines = ["| algorithm | upload | what it is | bound and noise under privacy.clip |", "|---|---|---|---|"]
+    for name in ALGORITHMS.names():
+        if name.startswith("_"):
+            continue
+        cls = ALGORITHMS.get(name)
+        why = uncovered(cls)
+        if why is not None:
+            lines.append(f"| {name} | - | - | refused: {why} |")
+            continue
+        if cls.averages_model:
+            lines.append(f"| {name} | model | the model's shared tensors | {MODEL_ROW} |")
+        for u in cls.uploads:
+            lines.append(f"| {name} | {u.key} | {u.note} | {u.kind}: {UPLOAD_KINDS[u.kind]} |")
+    return "\n".join(lines)
