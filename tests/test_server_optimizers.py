@@ -129,3 +129,18 @@ def test_algorithms_without_a_mean_model_update_are_refused_in_one_line(capsys):
         assert "fedavg" in err[0] and "fednh" in err[0]
     assert main(["run", *TINY, "server.optimizer=adam_w"]) == 2
     assert "server.optimizer" in capsys.readouterr().err
+
+
+def test_fedpcd_list_shows_the_new_keys_with_their_descriptions(capsys):
+    from fedpcd.cli import main
+
+    for section, keys in {
+        "server": ["optimizer", "lr", "momentum", "beta1", "beta2", "tau"],
+        "aggregation": ["robust", "byzantine", "krum_select"],
+        "privacy": ["stats_clip", "count_clip"],
+    }.items():
+        assert main(["list", section]) == 0
+        out = capsys.readouterr().out
+        for key in keys:
+            (line,) = [row for row in out.splitlines() if row.startswith(f"{section}.{key} ")]
+            assert len(line.split()) > 3  # key, type, default, then its description

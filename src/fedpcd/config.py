@@ -206,8 +206,9 @@ class EngineConfig(_Strict):
 
 
 class AggregationConfig(_Strict):
-    """The config section ``aggregation``: the server's mean of the model updates, the algorithm's own or a
-    robust one (Yin et al., ICML 2018) for algorithms that aggregate as FedAvg does."""
+    """The config section ``aggregation``: the server's means, the algorithm's own or robust ones (Yin et al.,
+    ICML 2018; Krum, Blanchard et al., NeurIPS 2017) for algorithms that declare what their server averages
+    (``fedpcd.engine.robust``)."""
 
     robust: Literal["none", "median", "trimmed_mean", "krum", "multi_krum"] = Field(
         "none",
@@ -323,9 +324,9 @@ class SecAggConfig(_Strict):
 
 
 class ServerConfig(_Strict):
-    """The config section ``server``: the server's optimiser on the mean model update (``fedpcd.engine.
-    server_opt``): sgd with lr 1 is plain averaging; momentum is FedAvgM (Hsu, Qi & Brown 2019); adagrad, adam
-    and yogi are FedOpt (Reddi et al., ICLR 2021, Algorithm 2)."""
+    """The config section ``server``: the server's optimiser on the mean model update
+    (``fedpcd.engine.server_opt``): sgd with lr 1 is plain averaging; momentum is FedAvgM (Hsu, Qi & Brown
+    2019); adagrad, adam and yogi are FedOpt (Reddi et al., ICLR 2021, Algorithm 2)."""
 
     optimizer: Literal["sgd", "momentum", "adagrad", "adam", "yogi"] = Field(
         "sgd",
@@ -344,7 +345,8 @@ class ServerConfig(_Strict):
 class PrivacyConfig(_Strict):
     """The config section ``privacy``: differential privacy with fixed clipping on every backend
     (``fedpcd.engine.privacy``, docs/privacy.md): each client's model update clipped to L2 norm ``clip``,
-    Gaussian noise of std ``noise_multiplier * clip / m`` on the aggregate of m updates; and SecAgg+."""
+    Gaussian noise of std ``noise_multiplier * clip / m`` on the aggregate of m updates; the class statistics
+    an algorithm declares, bounded by ``stats_clip`` and ``count_clip`` and noised per client; and SecAgg+."""
 
     clip: float | None = Field(
         None, gt=0.0, le=1e6, description="L2 norm each client's model update is clipped to; null: DP off."
