@@ -61,6 +61,19 @@ class Upload:
     note: str
 
 
+def made_public(uploads: Sequence[Upload], key: str, note: str) -> tuple[Upload, ...]:
+    """``uploads`` with ``key``'s declared ``public`` (``note``: why), e.g. a scale sent back unchanged."""
+    return tuple(Upload(key, "public", note) if u.key == key else u for u in uploads)
+
+
+# what a class-mean upload (class_means_reply) sends, as the algorithms that send it declare it
+CLASS_MEAN_UPLOADS = (
+    Upload("classes", "classes", "the held classes the class means belong to"),
+    Upload("class_counts", "counts", "n_k^c, the samples of each held class"),
+    Upload("class_means", "rows", "the per-class means of the local features (FD: of the logits)"),
+)
+
+
 def row_classes(reply: Mapping[str, Any], num_classes: int, device: torch.device) -> Tensor:
     """The classes of a per-class upload's rows: the reply's ``classes``, else those of its bool ``mask``
     (rows of all C classes, FedSSA's zero-filled upload: only the masked ones count), else all C."""

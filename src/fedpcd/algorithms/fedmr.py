@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.base import (
     ALGORITHMS,
+    CLASS_MEAN_UPLOADS,
     ClassSums,
     ClientData,
     Upload,
@@ -218,11 +219,7 @@ class FedMR(FedAvg):
     """FedMR: CE + mu1 * intra-class decorrelation (Eq. 3) + mu2 * inter-class prototype hinge (Eq. 4)."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
-    uploads: ClassVar[tuple[Upload, ...]] = (
-        Upload("classes", "classes", "the held classes the class means belong to"),
-        Upload("class_counts", "counts", "n_k^c, the samples of each held class"),
-        Upload("class_means", "rows", "the class means of the local features (prototypes)"),
-    )
+    uploads: ClassVar[tuple[Upload, ...]] = CLASS_MEAN_UPLOADS
 
     # Weight of l_intra, Eq. (5). Default 1e-2: Table 9, FMNIST (all splits); SVHN 1e-3, CIFAR-10/100 0.1.
     # On the "code" scale of ``intra_impl``. mu1 = 0 is the inter-only ablation (Table 12).

@@ -41,6 +41,7 @@ from fedpcd.algorithms.base import (
     clone_state,
     device_of,
     load_backbone,
+    made_public,
     weighted_average,
 )
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Readout, Reply
@@ -263,8 +264,9 @@ class FedNH(FedAvg):
     def upload_bounds(self) -> tuple[Upload, ...]:
         """With ``learn_scale`` false s is sent back as received: public, not averaged; ``uniform_paper``
         uploads no counts."""
-        fixed = Upload("scale", "public", "s^0 sent back unchanged (learn_scale false): the server's value")
-        uploads = [fixed if u.key == "scale" and not self.learn_scale else u for u in self.uploads]
+        uploads = list(self.uploads)
+        if not self.learn_scale:
+            uploads = list(made_public(uploads, "scale", "s^0 sent back unchanged: the server's own value"))
         if self.proto_weighting == "uniform_paper":
             uploads = [u for u in uploads if u.key != "class_counts"]
         return tuple(uploads)

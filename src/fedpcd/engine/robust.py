@@ -7,15 +7,17 @@ per-class ``rows`` (class means, FedSSA's header rows), averaged per class over 
 - ``median`` / ``trimmed_mean``: each averaged quantity becomes the coordinate-wise median or trimmed mean of
   the kept replies' values (Yin et al., "Byzantine-Robust Distributed Learning", ICML 2018, Defs. 1-2),
   unweighted: a client cannot buy influence with its sample count. A per-class row is reduced over the
-  clients holding that class, and every holder's row is replaced by the result before the algorithm's own
-  rule runs: its weighted mean of identical rows is that row, whatever the weights (class counts), and what
-  follows (FedNH's smoothing, FedSC's relational prototypes) sees only robust rows. The model-kind quantities
-  are set to their robust mean after the algorithm's rule.
+  clients holding that class, and every holder's row, as every reply's model-kind quantity, is replaced by
+  the result before the algorithm's own rule runs: its weighted mean of identical values is that value,
+  whatever the weights (class counts), and what follows (FedNH's smoothing, FedSC's relational prototypes,
+  CReFF's re-trained classifier) sees only robust values. The model-kind quantities are then set to their
+  robust value exactly.
 - ``krum`` / ``multi_krum`` (Blanchard et al., "Machine Learning with Adversaries: Byzantine Tolerant Gradient
   Descent", NeurIPS 2017): each of the n replies' model vectors (the model and model-kind uploads) gets the
   score sum of squared distances to its n - f - 2 nearest others (f = ``aggregation.byzantine``); Krum keeps
   the reply of the least score, Multi-Krum the m = ``krum_select`` (default n - f) least. The model-kind
-  quantities are the uniform mean of the kept replies', the per-class ones the algorithm's rule over them.
+  quantities are the uniform mean of the kept replies' (substituted as above), the per-class ones the
+  algorithm's rule over the kept replies.
 
 What it bounds: a minority of clients sending well-formed, finite but arbitrary values moves each coordinate
 at most to the range of the honest values (median, trimmed mean), or is never picked while its vector is far
@@ -163,8 +165,8 @@ def robust_aggregate(
         for u in uploads:
             if u.kind == "rows" and u.key in replies[0]:
                 replies = robust_rows(replies, u.key, reduce, algorithm.ctx.num_classes)
-    if own:
-        server = algorithm.aggregate(server, replies)
-    for key in joined:
-        server[key] = _reduce_values([r[key] for r in replies], reduce)
+    robust = {key: _reduce_values([r[key] for r in replies], reduce) for key in joined}
+    if own:  # the rule sees the robust values in every reply (what it computes from the mean uses them)
+        server = algorithm.aggregate(server, [{**r, **robust} for r in replies])
+    server.update(robust)  # exactly, not a weighted mean of copies
     return server
