@@ -188,6 +188,8 @@ class FedAvg:
     # How privacy.clip bounds each of extra_uploads and which of them aggregation.robust averages
     # (base.Upload); an algorithm whose own aggregate this declaration does not accompany gets neither.
     uploads: ClassVar[tuple[Upload, ...]] = ()
+    # Why an upload cannot be bounded by a declaration (privacy.clip's refusal says so); "" where none is.
+    unprivatised: ClassVar[str] = ""
     # Whether the server's "model" is a mean of the clients' models (server.optimizer and Krum apply to it).
     averages_model: ClassVar[bool] = True
 

@@ -82,7 +82,8 @@ def uncovered(algorithm_cls: type) -> str | None:
     bounds = declared(algorithm_cls)
     extra = [k for k in getattr(algorithm_cls, "extra_uploads", ()) if k not in bounds]
     if extra:
-        return _uploads(extra)
+        why = getattr(algorithm_cls, "unprivatised", "")
+        return _uploads(extra) + (f" ({why})" if why else "")
     kept = tuple(getattr(algorithm_cls, "extra_server_state", ()))
     if kept:
         return f"keeps {', '.join(kept)} on the server, computed from the clients' updates before the noise"
