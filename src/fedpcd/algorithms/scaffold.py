@@ -64,9 +64,9 @@ class Scaffold(FedAvg):
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("control_delta",)
     unprivatised: ClassVar[str] = (
-        "its server sums the control-variate deltas into c, which no declared kind (a mean under the upload's "
-        "key, per-class rows) bounds: privatising them needs their own clipping and noise on c, a change of "
-        "the method"
+        "its server sums the control-variate deltas into c, which no declared kind (a mean under the "
+        "upload's key, per-class rows) bounds: privatising them needs their own clipping and noise on c, a "
+        "change of the method"
     )
 
     # Global step size eta_g of Eq. (5); 1 is the paper's choice in its experiments.
