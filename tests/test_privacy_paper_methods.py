@@ -22,7 +22,7 @@ from fedpcd.engine.privacy import (
     epsilon,
     mechanisms,
     noise_uploads,
-    upload_bounds,
+    stat_bounds,
 )
 
 PAPER = ["fedgela", "fedmr", "fednh", "fedsc", "fedssa"]
@@ -90,7 +90,7 @@ def test_epsilon_is_dp_accountings_for_the_composition_of_every_released_quantit
 
 def _bounds(stats: float = 1.0, counts: float = 1.0, classes: int = 3):
     config = load_config(None, [f"privacy.stats_clip={stats}", f"privacy.count_clip={counts}"])
-    return upload_bounds(config, classes)
+    return stat_bounds(config, classes)
 
 
 def test_class_statistics_are_written_for_every_class_and_clipped_per_row_on_tiny_inputs():

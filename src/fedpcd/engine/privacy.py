@@ -66,7 +66,8 @@ class UploadBounds:
     num_classes: int
 
 
-def upload_bounds(config: Config, num_classes: int) -> UploadBounds:
+def stat_bounds(config: Config, num_classes: int) -> UploadBounds:
+    """The run's :class:`UploadBounds`: its ``privacy.stats_clip`` and ``privacy.count_clip``, C classes."""
     return UploadBounds(config.privacy.stats_clip, config.privacy.count_clip, num_classes)
 
 
@@ -147,13 +148,6 @@ def _model_of(obj: Mapping[str, Any], what: str, algorithm: str) -> Mapping[str,
             f"{algorithm!r}'s has keys {sorted(obj)}: set privacy.clip=null or choose another algorithm"
         )
     return model
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """The floating tensors of an upload: a tensor, or a mapping of them (a state dict)."""
-    if isinstance(value, torch.Tensor):
-        return [value] if torch.is_floating_point(value) else []
-    return [v for v in value.values() if torch.is_floating_point(v)]
 
 
 def _scaled(new: Any, old: Any, scale: torch.Tensor) -> Any:

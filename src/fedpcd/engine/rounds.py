@@ -50,7 +50,7 @@ from fedpcd.engine.privacy import (
     dp_epsilon,
     noise_uploads,
     reported_samples,
-    upload_bounds,
+    stat_bounds,
 )
 from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.robust import check_robust, robust_aggregate
@@ -194,7 +194,7 @@ def play_round(
     privacy = config.privacy
     uploads = algorithm.upload_bounds()
     if privacy.clip is not None:
-        bounds = upload_bounds(config, algorithm.ctx.num_classes)
+        bounds = stat_bounds(config, algorithm.ctx.num_classes)
         for r in kept:
             if privacy.clipping == "server":
                 payload = algorithm.payload_for(server, r.client)
