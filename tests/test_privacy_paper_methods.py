@@ -176,3 +176,24 @@ def test_privacy_doc_table_is_generated_from_the_declarations():
     for name in PAPER:
         assert f"| {name} | - | - | refused" not in table
         assert all(f"| {name} | {u.key} |" in table for u in ALGORITHMS.get(name).uploads)
+
+
+def test_client_and_server_clipping_give_the_same_fednh_run(tmp_path):
+    """The class statistics are bounded by the same function wherever the clipping happens, and noised on
+    the server either way: the two runs are bitwise equal but for the bytes uploaded."""
+    from conftest import run_records
+    from fedpcd.engine.simulation import run_local
+
+    for where in ("client", "server"):
+        args = [
+            *TINY,
+            *DP,
+            "algorithm.name=fednh",
+            f"privacy.clipping={where}",
+            f"output_dir={tmp_path / where}",
+        ]
+        run_local(load_config(None, args), progress=False)
+    client, server = run_records(tmp_path / "client"), run_records(tmp_path / "server")
+    # a clipping client sends its statistics for all C classes, the server-clipped one as it computed them
+    assert all(c.pop("bytes_up") > s.pop("bytes_up") for c, s in zip(client, server, strict=True))
+    assert client == server

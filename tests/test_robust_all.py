@@ -161,3 +161,24 @@ def test_what_krum_cannot_apply_to_is_refused_in_one_line(capsys):
         assert main(["run", *TINY, *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_robust_rows_reduce_each_class_over_its_holders_in_both_upload_formats():
+    """Class 0 is held by all three replies (rows 1, 2, 100: median 2), class 1 by the first two (rows 5, 7:
+    median 6), class 2 by the third only (its own row 9); rows aligned with ``classes`` or, with a mask,
+    one per class."""
+    listed = [
+        {"classes": torch.tensor([0, 1]), "w": torch.tensor([[1.0], [5.0]])},
+        {"classes": torch.tensor([1, 0]), "w": torch.tensor([[7.0], [2.0]])},
+        {"classes": torch.tensor([0, 2]), "w": torch.tensor([[100.0], [9.0]])},
+    ]
+    out = robust_rows(listed, "w", coordinate_median, 3)
+    assert [r["w"].flatten().tolist() for r in out] == [[2.0, 6.0], [6.0, 2.0], [2.0, 9.0]]
+    assert listed[0]["w"].flatten().tolist() == [1.0, 5.0]  # the replies themselves are untouched
+    masked = [
+        {"mask": torch.tensor([True, True, False]), "w": torch.tensor([[1.0], [5.0], [0.0]])},
+        {"mask": torch.tensor([True, True, False]), "w": torch.tensor([[2.0], [7.0], [0.0]])},
+        {"mask": torch.tensor([True, False, True]), "w": torch.tensor([[100.0], [0.0], [9.0]])},
+    ]
+    out = robust_rows(masked, "w", coordinate_median, 3)
+    assert [r["w"].flatten().tolist() for r in out] == [[2.0, 6.0, 0.0], [2.0, 6.0, 0.0], [2.0, 0.0, 9.0]]
