@@ -172,8 +172,9 @@ def play_round(
     rnd: int,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, float]:
     """One round: sample, train through ``executor``, screen the replies, clip (``privacy.clipping:
-    server``), aggregate, add the DP noise, evaluate on evaluated rounds. Returns the new server state, the
-    round's record (None when not evaluated) and its wall time."""
+    server``), noise each reply's class statistics, aggregate (robustly with ``aggregation.robust``), add the
+    DP noise, take the server optimiser's step, evaluate on evaluated rounds. Returns the new server state,
+    the round's record (None when not evaluated) and its wall time."""
     t0 = time.perf_counter()
     ids = sample_clients(config.clients, config.participation, config.seed, rnd)
     evaluate = is_eval_round(rnd, config)
