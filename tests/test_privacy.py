@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from conftest import run_records, run_summary
-from fedpcd.algorithms import ALGORITHMS, FedAvg
+from fedpcd.algorithms import ALGORITHMS, FedAvg, build_algorithm
 from fedpcd.config import load_config
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
@@ -24,6 +24,7 @@ from fedpcd.engine.privacy import (
     clip_update,
     dp_epsilon,
     epsilon,
+    mechanisms,
     uncovered,
 )
 from fedpcd.engine.simulation import run_local
@@ -115,6 +116,8 @@ def test_a_dp_run_adds_exactly_the_seeded_noise_to_the_aggregate_and_records_its
         "noise_multiplier": 1.5,
         "delta": 1e-5,
         "clipping": "client",
+        "stats_clip": 1.0,
+        "count_clip": 1.0,
         "secagg": None,
     }
     (record,) = run_records(tmp_path / "dp")
@@ -268,7 +271,8 @@ def test_under_dp_every_algorithm_runs_covered_or_is_refused_in_one_line(name, t
         check_privacy(config)
         run_local(config, progress=False)
         (record,) = run_records(tmp_path / name)
-        assert record["dp_epsilon"] == epsilon(3, 3, 1.0, 1, 1e-5) and 0 <= record["dp_clipped"] <= 3
+        count = mechanisms(build_algorithm(name, config.algorithm.params()))
+        assert record["dp_epsilon"] == epsilon(3, 3, 1.0, 1, 1e-5, count) and 0 <= record["dp_clipped"] <= 3
         return
     declared = ALGORITHMS.get(name).extra_uploads or ALGORITHMS.get(name).extra_server_state
     with pytest.raises(UserError, match=f"algorithm {name!r} (also uploads|keeps) ") as err:

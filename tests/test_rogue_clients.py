@@ -147,9 +147,9 @@ def test_robust_aggregation_runs_end_to_end_and_is_refused_where_it_does_not_app
     assert main(["run", "--quiet", *SMALL, "aggregation.robust=trimmed_mean", f"output_dir={out}"]) == 0
     assert len(run_records(out)) == 3
     capsys.readouterr()
-    assert main(["run", *SMALL, "algorithm.name=fednh", "aggregation.robust=median"]) == 2
+    assert main(["run", *SMALL, "algorithm.name=scaffold", "aggregation.robust=median"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "algorithm 'fednh' aggregates its own way; use it with one of: " in err[0]
+    assert len(err) == 1 and "algorithm 'scaffold' aggregates its own way; use it with one of: " in err[0]
     args = [*SMALL, "aggregation.robust=median", "privacy.clip=1.0", "privacy.noise_multiplier=1.0"]
     assert main(["run", *args, "privacy.delta=0.01", f"output_dir={tmp_path / 'dp'}"]) == 2
     assert "does not combine with privacy.secagg or privacy.noise_multiplier > 0" in capsys.readouterr().err

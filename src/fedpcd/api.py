@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
+from pydantic import BaseModel
 
 from fedpcd.config import (
     HF_COLUMNS,
@@ -538,6 +539,32 @@ def _default_text(value: Any) -> str:
     )
 
 
+def _section(name: str) -> type[BaseModel] | None:
+    """The class of the config section ``name`` (``privacy``, ``aggregation``, ``server``, ...), or None."""
+    field_info = Config.model_fields.get(name)
+    section = field_info.annotation if field_info is not None else None
+    return section if isinstance(section, type) and issubclass(section, BaseModel) else None
+
+
+def _section_block(name: str, section: type[BaseModel]) -> str:
+    """What ``fedpcd list SECTION`` prints: the config section's keys, types, defaults and descriptions."""
+    lines = [f"config section {name} ({section.__module__}.{section.__qualname__})"]
+    lines.append(f"description: {_paragraph(section.__doc__)}")
+    rows = [
+        [
+            f"{name}.{key}",
+            type_text(info.annotation),
+            _default_text(info.get_default(call_default_factory=True)),
+            info.description or "-",
+        ]
+        for key, info in section.model_fields.items()
+    ]
+    lines.extend(
+        line.rstrip() for line in text_table(rows, ["key", "type", "default", "description"]).splitlines()
+    )
+    return "\n".join(lines)
+
+
 def _block(kind: str, name: str, obj: Any) -> str:
     where = f"{obj.__module__}.{obj.__qualname__}"
     lines = [f"{kind} {name} ({where})", f"paper: {_paper(obj)}", f"description: {_paragraph(obj.__doc__)}"]
@@ -584,6 +611,8 @@ def describe(name: str) -> str:
     """
     registries = _registries()
     blocks = [_block(kind, name, registry.get(name)) for kind, registry in registries if name in registry]
+    if not blocks and _section(name) is not None:
+        return _section_block(name, _section(name))
     if not blocks:
         names = {n for _, registry in registries for n in registry.names()}
         raise choices("algorithm, model, dataset or partition scheme", name, sorted(names))

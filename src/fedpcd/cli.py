@@ -30,12 +30,15 @@ def _pct(value: Any) -> str:
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
-    """The final and best value of every metric of the table, in %."""
+    """The final and best value of every metric of the table, in %; for a DP run then the privacy spent by the
+    whole run, its final ``dp_epsilon`` (not a %)."""
     from fedpcd.run_format import METRICS
     from fedpcd.utils import text_table
 
     final, best = summary["final"], summary["best"]
     rows = [[m.label, _pct(final.get(m.key)), _pct(best.get(m.key))] for m in METRICS]
+    if final.get("dp_epsilon") is not None:
+        rows.append(["DP epsilon", f"{final['dp_epsilon']:.4g}", "-"])
     return text_table(rows, ["metric (%)", "final", "best"])
 
 

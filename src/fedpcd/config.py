@@ -206,17 +206,29 @@ class EngineConfig(_Strict):
 
 
 class AggregationConfig(_Strict):
-    """The config section ``aggregation``: the server's mean of the model updates, the algorithm's own or a
-    robust one (Yin et al., ICML 2018) for algorithms that aggregate as FedAvg does."""
+    """The config section ``aggregation``: the server's means, the algorithm's own or robust ones (Yin et al.,
+    ICML 2018; Krum, Blanchard et al., NeurIPS 2017) for algorithms that declare what their server averages
+    (``fedpcd.engine.robust``)."""
 
-    robust: Literal["none", "median", "trimmed_mean"] = Field(
+    robust: Literal["none", "median", "trimmed_mean", "krum", "multi_krum"] = Field(
         "none",
         description="none: the algorithm's own aggregation; median: the coordinate-wise median; "
         "trimmed_mean: the coordinate-wise mean without the trim fraction of largest and of smallest values "
-        "(both unweighted).",
+        "(both unweighted, of every quantity the server averages); krum: the model update with the least sum "
+        "of squared distances to its n-f-2 nearest; multi_krum: the mean of the krum_select best (Blanchard "
+        "et al., NeurIPS 2017).",
     )
     trim: float = Field(
         0.1, ge=0.0, lt=0.5, description="With trimmed_mean: the fraction cut at each end, in [0, 0.5)."
+    )
+    byzantine: int = Field(
+        0,
+        ge=0,
+        le=10**6,
+        description="With krum and multi_krum: f, the Byzantine clients tolerated; needs n > 2f + 2 updates.",
+    )
+    krum_select: int | None = Field(
+        None, ge=1, le=10**6, description="With multi_krum: m, how many updates are averaged; null: n - f."
     )
 
 
@@ -311,10 +323,30 @@ class SecAggConfig(_Strict):
         return self
 
 
+class ServerConfig(_Strict):
+    """The config section ``server``: the server's optimiser on the mean model update
+    (``fedpcd.engine.server_opt``): sgd with lr 1 is plain averaging; momentum is FedAvgM (Hsu, Qi & Brown
+    2019); adagrad, adam and yogi are FedOpt (Reddi et al., ICLR 2021, Algorithm 2)."""
+
+    optimizer: Literal["sgd", "momentum", "adagrad", "adam", "yogi"] = Field(
+        "sgd",
+        description="The server's step on the pseudo-gradient Delta = mean(w_k) - w: sgd (lr 1: plain "
+        "averaging), momentum (FedAvgM), adagrad, adam, yogi (FedOpt).",
+    )
+    lr: float = Field(1.0, gt=0.0, le=1e6, description="The server learning rate eta.")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="With momentum: beta of v <- beta v + Delta.")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="With adagrad, adam, yogi: the first-moment decay.")
+    beta2: float = Field(0.99, ge=0.0, lt=1.0, description="With adam, yogi: the second-moment decay.")
+    tau: float = Field(
+        1e-3, gt=0.0, le=1e6, description="With adagrad, adam, yogi: the adaptivity tau (v starts at tau^2)."
+    )
+
+
 class PrivacyConfig(_Strict):
     """The config section ``privacy``: differential privacy with fixed clipping on every backend
     (``fedpcd.engine.privacy``, docs/privacy.md): each client's model update clipped to L2 norm ``clip``,
-    Gaussian noise of std ``noise_multiplier * clip / m`` on the aggregate of m updates; and SecAgg+."""
+    Gaussian noise of std ``noise_multiplier * clip / m`` on the aggregate of m updates; the class statistics
+    an algorithm declares, bounded by ``stats_clip`` and ``count_clip`` and noised per client; and SecAgg+."""
 
     clip: float | None = Field(
         None, gt=0.0, le=1e6, description="L2 norm each client's model update is clipped to; null: DP off."
@@ -330,6 +362,20 @@ class PrivacyConfig(_Strict):
     )
     clipping: Literal["client", "server"] = Field(
         "client", description="Where updates are clipped: on each client, or on the server (not with secagg)."
+    )
+    stats_clip: float = Field(
+        1.0,
+        gt=0.0,
+        le=1e6,
+        description="L2 norm each class row of a class-statistic upload (class means, header rows) is "
+        "clipped to; its noise std is noise_multiplier * stats_clip * sqrt(classes).",
+    )
+    count_clip: float = Field(
+        1.0,
+        gt=0.0,
+        le=1e6,
+        description="L2 norm a client's per-class counts are clipped to; their noise std is "
+        "noise_multiplier * count_clip.",
     )
     secagg: SecAggConfig | None = Field(
         None,
@@ -425,6 +471,10 @@ class Config(_Strict):
     )
     aggregation: AggregationConfig = Field(
         default_factory=AggregationConfig, description="The server's mean of the updates: own or robust."
+    )
+    server: ServerConfig = Field(
+        default_factory=ServerConfig,
+        description="The server's optimiser on the mean model update (sgd with lr 1: plain averaging).",
     )
     privacy: PrivacyConfig = Field(
         default_factory=PrivacyConfig, description="Differential privacy and SecAgg+ (off by default)."

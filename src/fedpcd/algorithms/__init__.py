@@ -10,12 +10,14 @@ import importlib
 import pkgutil
 from typing import Any
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, Context, LocalTraining
+from fedpcd.algorithms.base import ALGORITHMS, ClientData, Context, LocalTraining, Upload
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork
 from fedpcd.params import validate_params
 
 __all__ = [
+    "declared_uploads",
     "fedavg_aggregating",
+    "mean_aggregating",
     "ALGORITHMS",
     "ClientData",
     "Context",
@@ -37,6 +39,30 @@ def fedavg_aggregating() -> list[str]:
         n
         for n in ALGORITHMS.names()
         if not n.startswith("_") and ALGORITHMS.get(n).aggregate is FedAvg.aggregate
+    ]
+
+
+def declared_uploads(cls: type) -> tuple[Upload, ...] | None:
+    """The ``uploads`` declaration that accompanies the ``aggregate`` algorithm class ``cls`` runs: None where
+    the class that defines that ``aggregate`` (other than FedAvg's) does not itself declare ``uploads``, so
+    what its server averages is unknown."""
+    owner = next(k for k in cls.__mro__ if "aggregate" in vars(k))
+    if owner is FedAvg or "uploads" in vars(owner):
+        return cls.uploads
+    return None
+
+
+def mean_aggregating(model: bool = False) -> list[str]:
+    """The registered algorithms whose server's averaged quantities are declared (:func:`declared_uploads`),
+    which ``aggregation.robust`` applies to; ``model``: only those whose server averages a model
+    (``averages_model``), which ``server.optimizer`` and Krum apply to. Names starting with ``_`` are left
+    out."""
+    return [
+        n
+        for n in ALGORITHMS.names()
+        if not n.startswith("_")
+        and declared_uploads(ALGORITHMS.get(n)) is not None
+        and (ALGORITHMS.get(n).averages_model or not model)
     ]
 
 

@@ -34,6 +34,54 @@ Weighting = Literal["samples", "uniform"]  # aggregation weights: n_k or 1 per r
 MODEL = "model"  # the client's model tensors (DP clipping and SecAgg+ work on these)
 NUM_SAMPLES = "num_samples"  # n_k, the client's training samples
 TRAIN_LOSS = "train_loss"  # the mean training loss of the update (None: not measured)
+CLASSES = "classes"  # the classes a per-class upload's rows belong to (absent: one row per class)
+
+UploadKind = Literal["model", "rows", "counts", "fixed", "classes", "public"]
+UPLOAD_KINDS: dict[str, str] = {  # how privacy.clip bounds and noises each kind (docs/privacy.md's table)
+    "model": "update clipped with the model's (one L2 bound C); noise std sigma*C/m on the server's mean",
+    "rows": "each class row clipped to L2 norm privacy.stats_clip; rows of all C classes (zeros for those "
+    "not held); noise std sigma*stats_clip*sqrt(C) per client",
+    "counts": "the per-class counts of all C classes clipped to L2 norm privacy.count_clip; noise std "
+    "sigma*count_clip per client, then clamped at 0",
+    "fixed": "replaced by 1 (fixed weights, as num_samples)",
+    "classes": "replaced by all C classes (hides which classes the client holds)",
+    "public": "released as is",
+}
+
+
+@dataclass(frozen=True)
+class Upload:
+    """What a client uploads under reply key ``key`` beyond model, num_samples and train_loss, for
+    ``privacy.clip`` (each kind's bound and noise: :data:`UPLOAD_KINDS`) and ``aggregation.robust`` (the
+    server averages the ``model`` kind like the model and the ``rows`` kind per class). ``note``: what it is,
+    and for ``public`` why releasing it is no leak."""
+
+    key: str
+    kind: UploadKind
+    note: str
+
+
+def made_public(uploads: Sequence[Upload], key: str, note: str) -> tuple[Upload, ...]:
+    """``uploads`` with ``key``'s declared ``public`` (``note``: why), e.g. a scale sent back unchanged."""
+    return tuple(Upload(key, "public", note) if u.key == key else u for u in uploads)
+
+
+# what a class-mean upload (class_means_reply) sends, as the algorithms that send it declare it
+CLASS_MEAN_UPLOADS = (
+    Upload("classes", "classes", "the held classes the class means belong to"),
+    Upload("class_counts", "counts", "n_k^c, the samples of each held class"),
+    Upload("class_means", "rows", "the per-class means of the local features (FD: of the logits)"),
+)
+
+
+def row_classes(reply: Mapping[str, Any], num_classes: int, device: torch.device) -> Tensor:
+    """The classes of a per-class upload's rows: the reply's ``classes``, else those of its bool ``mask``
+    (rows of all C classes, FedSSA's zero-filled upload: only the masked ones count), else all C."""
+    if CLASSES in reply:
+        return reply[CLASSES]
+    if "mask" in reply:
+        return torch.nonzero(reply["mask"]).flatten()
+    return torch.arange(num_classes, device=device)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from fedpcd.algorithms.base import (
     ClassSums,
     ClientData,
     StateDict,
+    Upload,
     clone_state,
     device_of,
     frozen_forward,
@@ -209,6 +210,12 @@ class CReFF(FedAvg):
     """CReFF: FedAvg + a classifier re-trained on server-side features learnt by gradient matching."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "grad_weight", "grad_bias")
+    uploads: ClassVar[tuple[Upload, ...]] = (
+        Upload("classes", "classes", "the held classes the gradients belong to"),
+        Upload("class_counts", "counts", "n_k^c, the weights of grad_weighting samples"),
+        Upload("grad_weight", "rows", "per held class, the classifier-weight gradient of its real features"),
+        Upload("grad_bias", "rows", "per held class, the classifier-bias gradient of its real features"),
+    )
 
     # m, federated features per class: 100 ([C] num_of_feature, [F]; FedNH App. A.2).
     feats_per_class: Annotated[int, Field(ge=1)] = 100

@@ -27,7 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, Context, clone_state, round_lr, weighted_average
+from fedpcd.algorithms.base import (
+    ALGORITHMS,
+    ClientData,
+    Context,
+    Upload,
+    clone_state,
+    round_lr,
+    weighted_average,
+)
 
 Payload = dict[str, Any]
 Reply = dict[str, Any]
@@ -177,6 +185,13 @@ class FedAvg:
     # keys besides "model" that the server computes from the replies (not from the noised model alone).
     extra_uploads: ClassVar[tuple[str, ...]] = ()
     extra_server_state: ClassVar[tuple[str, ...]] = ()
+    # How privacy.clip bounds each of extra_uploads and which of them aggregation.robust averages
+    # (base.Upload); an algorithm whose own aggregate this declaration does not accompany gets neither.
+    uploads: ClassVar[tuple[Upload, ...]] = ()
+    # Why an upload cannot be bounded by a declaration (privacy.clip's refusal says so); "" where none is.
+    unprivatised: ClassVar[str] = ""
+    # Whether the server's "model" is a mean of the clients' models (server.optimizer and Krum apply to it).
+    averages_model: ClassVar[bool] = True
 
     def setup(self, ctx: Context) -> None:
         """Called once on every process that runs this algorithm (server and clients).
@@ -247,6 +262,11 @@ class FedAvg:
         """
         server["model"] = weighted_average([r["model"] for r in replies], [r["num_samples"] for r in replies])
         return server
+
+    def upload_bounds(self) -> tuple[Upload, ...]:
+        """The declarations of what this instance uploads (its ``uploads``; an override drops or relabels what
+        its hyperparameters leave out, e.g. FedNH's fixed scale)."""
+        return type(self).uploads
 
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
         """The generic model, scored for GA.

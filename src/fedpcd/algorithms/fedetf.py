@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from fedpcd.algorithms.base import (
     ALGORITHMS,
     ClientData,
+    Upload,
     backbone_parameters,
     balanced_softmax_loss,
     clone_state,
@@ -45,6 +46,7 @@ from fedpcd.algorithms.base import (
     linear_init,
     load_backbone,
     log_prior,
+    made_public,
     weighted_average,
 )
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
@@ -77,6 +79,10 @@ class FedETF(FedAvg):
     """FedETF: backbone + projection against a fixed ETF with a learnable scale; personal fine-tuning."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("proj", "scale")
+    uploads: ClassVar[tuple[Upload, ...]] = (
+        Upload("proj", "model", "the trained projection, averaged with the backbone"),
+        Upload("scale", "model", "the trained ETF scale beta, averaged with the backbone"),
+    )
 
     scale_init: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0  # beta^0 (code, ResNet20)
     learn_scale: bool = True  # code: beta is a trained, averaged parameter; False keeps beta = scale_init
@@ -111,6 +117,14 @@ class FedETF(FedAvg):
     def payload_for(self, server: dict[str, Any], client_id: int) -> Payload:
         """Backbone, projection, beta and the fixed ETF."""
         return {k: server[k] for k in ("model", "proj", "scale", "etf")}
+
+    def upload_bounds(self) -> tuple[Upload, ...]:
+        """With ``learn_scale`` false beta is sent back as received: public, not averaged."""
+        if self.learn_scale:
+            return self.uploads
+        return made_public(
+            self.uploads, "scale", "beta = scale_init sent back unchanged: the server's own value"
+        )
 
     def aggregate(self, server: dict[str, Any], replies: Sequence[Reply]) -> dict[str, Any]:
         """n_k-weighted average of backbone, projection and beta; the ETF stays."""

@@ -86,6 +86,7 @@ from torch import Tensor, nn
 from fedpcd.algorithms.base import (
     ALGORITHMS,
     ClientData,
+    Upload,
     backbone_parameters,
     clone_state,
     device_of,
@@ -174,6 +175,10 @@ class FedGELA(FedAvg):
     """FedGELA: backbone trained against a fixed ETF scaled by the local label distribution (Eq. 4-5)."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("proj", "weight")
+    uploads: ClassVar[tuple[Upload, ...]] = (
+        Upload("proj", "model", "the trained projection (and BN) tensors, averaged with the backbone"),
+        Upload("weight", "fixed", "p_k, the aggregation weight n_k or floor(n_k / B)"),
+    )
 
     # s in s*phi*m^T h: paper sqrt(E_W) (tuned), code 1/tau (tau=0.2 -> 5); see above
     scale: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 2.0

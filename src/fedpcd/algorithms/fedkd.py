@@ -145,6 +145,10 @@ class FedKD(SharedModelMethod):
     factors at a rising energy threshold."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("update",)
+    unprivatised: ClassVar[str] = (
+        "its update travels as SVD factors truncated to a data-dependent rank, not as a vector a norm bound "
+        "and Gaussian noise apply to"
+    )
 
     t_start: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95  # T_start (official parameters.py)
     t_end: Annotated[float, Field(gt=0.0, le=1.0)] = 0.98  # T_end (official parameters.py)

@@ -50,8 +50,10 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.base import (
     ALGORITHMS,
+    CLASS_MEAN_UPLOADS,
     ClassSums,
     ClientData,
+    Upload,
     aggregate_prototypes,
     class_means_reply,
     device_of,
@@ -235,6 +237,7 @@ class FedMR(FedAvg):
     """FedMR: CE + mu1 * intra-class decorrelation (Eq. 3) + mu2 * inter-class prototype hinge (Eq. 4)."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
+    uploads: ClassVar[tuple[Upload, ...]] = CLASS_MEAN_UPLOADS
 
     # Weight of l_intra, Eq. (5). Default 1e-2: Table 9, FMNIST (all splits); SVHN 1e-3, CIFAR-10/100 0.1.
     # On the "code" scale of ``intra_impl``. mu1 = 0 is the inter-only ablation (Table 12).
@@ -306,6 +309,10 @@ class FedMR(FedAvg):
     def uses_prototypes(self) -> bool:
         """Whether l_inter can be active (mu2 > 0 and not Lite 0), i.e. whether prototypes are exchanged."""
         return self.mu2 > 0.0 and self.lite_samples != 0
+
+    def upload_bounds(self) -> tuple[Upload, ...]:
+        """No class statistics where no prototypes are exchanged (``uses_prototypes`` false)."""
+        return self.uploads if self.uses_prototypes else ()
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:

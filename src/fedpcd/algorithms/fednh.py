@@ -36,10 +36,12 @@ from fedpcd.algorithms.base import (
     ALGORITHMS,
     ClassSums,
     ClientData,
+    Upload,
     backbone_parameters,
     clone_state,
     device_of,
     load_backbone,
+    made_public,
     weighted_average,
 )
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Readout, Reply
@@ -212,6 +214,12 @@ class FedNH(FedAvg):
     """FedNH: frozen hyperspherical prototypes as the classifier, updated on the server from class means."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("scale", "classes", "class_means", "class_counts")
+    uploads: ClassVar[tuple[Upload, ...]] = (
+        Upload("scale", "model", "the trained scale s, averaged with the body (Alg. 1 line 9)"),
+        Upload("classes", "classes", "the held classes the class means belong to"),
+        Upload("class_means", "rows", "the class means of the normalised features (Eq. 3)"),
+        Upload("class_counts", "counts", "n_k^c, the count weights of proto_weighting count_code"),
+    )
 
     # Smoothing of the prototype update, Eq. (4); 0.9 in [P] App. A.2 and [C]. rho = 1: FedUH ([C]).
     rho: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
@@ -259,6 +267,16 @@ class FedNH(FedAvg):
             _MODEL,
         ),
     }
+
+    def upload_bounds(self) -> tuple[Upload, ...]:
+        """With ``learn_scale`` false s is sent back as received: public, not averaged; ``uniform_paper``
+        uploads no counts."""
+        uploads = list(self.uploads)
+        if not self.learn_scale:
+            uploads = list(made_public(uploads, "scale", "s^0 sent back unchanged: the server's own value"))
+        if self.proto_weighting == "uniform_paper":
+            uploads = [u for u in uploads if u.key != "class_counts"]
+        return tuple(uploads)
 
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:

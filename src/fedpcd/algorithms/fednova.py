@@ -46,6 +46,10 @@ class FedNova(FedAvg):
     """FedNova: FedAvg whose server normalises each client's update by its effective step count ||a_i||_1."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("normalized_update", "a_norm", "buffers")
+    unprivatised: ClassVar[str] = (
+        "its server scales the mean by tau_eff, the weighted step counts a_norm, which reveal each n_k and "
+        "multiply the clipped update's sensitivity by a data-dependent factor"
+    )
 
     # ||a_i||_1 with the local momentum of ``local.momentum`` (the paper's momentum variant, used by its
     # experiments and by the official code); False: a_i = tau_i (plain-SGD normalisation, ignores momentum).

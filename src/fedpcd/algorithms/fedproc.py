@@ -30,7 +30,15 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, aggregate_prototypes, class_means_reply, device_of
+from fedpcd.algorithms.base import (
+    ALGORITHMS,
+    CLASS_MEAN_UPLOADS,
+    ClientData,
+    Upload,
+    aggregate_prototypes,
+    class_means_reply,
+    device_of,
+)
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 
 
@@ -60,6 +68,7 @@ class FedProc(FedAvg):
     """FedProc: FedAvg + weight * l_pc against count-averaged global class prototypes."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
+    uploads: ClassVar[tuple[Upload, ...]] = CLASS_MEAN_UPLOADS
 
     # Weight of l_pc. Default 1e-3: FedMR Table 9 for CIFAR-10 P10C3 and CIFAR-100 (1e-5 .. 1e-3 elsewhere
     # in that table). weight = 0 is FedAvg.

@@ -47,7 +47,9 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.base import (
     ALGORITHMS,
+    CLASS_MEAN_UPLOADS,
     ClientData,
+    Upload,
     aggregate_prototypes,
     class_means_reply,
     clone_state,
@@ -102,6 +104,8 @@ class ClassMeanExchange(FedAvg):
     """
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
+    uploads: ClassVar[tuple[Upload, ...]] = CLASS_MEAN_UPLOADS
+    averages_model: ClassVar[bool] = False
 
     heterogeneous: ClassVar[bool] = True
     statistic: ClassVar[str] = "prototypes"

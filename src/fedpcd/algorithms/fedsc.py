@@ -50,7 +50,15 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClassSums, ClientData, class_means_reply, device_of
+from fedpcd.algorithms.base import (
+    ALGORITHMS,
+    CLASS_MEAN_UPLOADS,
+    ClassSums,
+    ClientData,
+    Upload,
+    class_means_reply,
+    device_of,
+)
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
 from fedpcd.algorithms.presets import Preset
 
@@ -205,6 +213,7 @@ class FedSC(FedAvg):
     """FedSC: CE + RPCL against relational prototypes + CPDR towards consistent prototypes."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
+    uploads: ClassVar[tuple[Upload, ...]] = CLASS_MEAN_UPLOADS
 
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.05  # RPCL temperature, [P] and [C]
     num_neighbors: Annotated[int, Field(ge=0)] = 2  # M of Eqs. 8-9, [P] (M = 2); [C] is effectively 0

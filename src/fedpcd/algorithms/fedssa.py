@@ -54,7 +54,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClassSums, ClientData, clone_state
+from fedpcd.algorithms.base import ALGORITHMS, ClassSums, ClientData, Upload, clone_state
 from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
 from fedpcd.algorithms.presets import Preset
 from fedpcd.errors import UserError
@@ -104,6 +104,14 @@ class FedSSA(FedAvg):
     """FedSSA: private heterogeneous extractors; header rows of seen classes averaged per class (Eq. 3-4)."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("client", "classes", "weight", "bias", "mask")
+    uploads: ClassVar[tuple[Upload, ...]] = (
+        Upload("client", "public", "the client's id: who is sampled is data-independent and public"),
+        Upload("classes", "classes", "S_k, the seen classes the header rows belong to (upload seen_rows)"),
+        Upload("mask", "classes", "S_k as a mask (upload zero_filled)"),
+        Upload("weight", "rows", "the header weight rows of the seen classes (Eq. 3)"),
+        Upload("bias", "rows", "the header bias entries of the seen classes (Eq. 3)"),
+    )
+    averages_model: ClassVar[bool] = False
 
     heterogeneous: ClassVar[bool] = True
 

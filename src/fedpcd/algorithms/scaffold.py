@@ -63,6 +63,11 @@ class Scaffold(FedAvg):
     """SCAFFOLD, option II control variates; FedAvg plus the drift correction (c - c_i) on every gradient."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("control_delta",)
+    unprivatised: ClassVar[str] = (
+        "its server sums the control-variate deltas into c, which no declared kind (a mean under the "
+        "upload's key, per-class rows) bounds: privatising them needs their own clipping and noise on c, a "
+        "change of the method"
+    )
 
     # Global step size eta_g of Eq. (5); 1 is the paper's choice in its experiments.
     server_lr: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0

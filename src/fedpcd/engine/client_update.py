@@ -25,7 +25,7 @@ from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.engine.federation import Federation, to_device
 from fedpcd.engine.guard import NonFiniteError, first_nonfinite, model_nonfinite
 from fedpcd.engine.metrics import personal_evaluation
-from fedpcd.engine.privacy import clip_update
+from fedpcd.engine.privacy import clip_update, stat_bounds
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.errors import UserError
 from fedpcd.utils import derive_seed
@@ -101,7 +101,10 @@ def finish(fed: Federation, task: ClientTask, reply: ClientReply, before: Any) -
     privacy = config.privacy
     if privacy.clip is not None and privacy.clipping == "client":
         received = to_device(task.payload, fed.device)
-        reply.update, reply.clipped = clip_update(reply.update, received, privacy.clip, config.algorithm.name)
+        bounds = stat_bounds(config, fed.dataset.num_classes)
+        reply.update, reply.clipped = clip_update(
+            reply.update, received, privacy.clip, config.algorithm.name, bounds
+        )
     if config.engine.on_divergence == "drop" and first_nonfinite(reply.update) is not None:
         reply.state = before  # None: nothing was stored, and nothing is
     reply.bytes_up = tensor_bytes(reply.update)

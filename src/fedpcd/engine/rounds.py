@@ -43,10 +43,19 @@ from fedpcd.engine.federation import (
 )
 from fedpcd.engine.guard import InvalidReply, check_server, reply_problem, screen_replies, warn
 from fedpcd.engine.metrics import accuracy, balanced_accuracy, predict
-from fedpcd.engine.privacy import add_noise, check_privacy, clip_update, dp_epsilon, reported_samples
+from fedpcd.engine.privacy import (
+    add_noise,
+    check_privacy,
+    clip_update,
+    dp_epsilon,
+    noise_uploads,
+    reported_samples,
+    stat_bounds,
+)
 from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.robust import check_robust, robust_aggregate
 from fedpcd.engine.rundir import RunDir
+from fedpcd.engine.server_opt import check_server_optimizer, server_step
 from fedpcd.errors import UserError
 from fedpcd.labels import PRESET, preset_record, run_log_line
 from fedpcd.logs import LOGGER, RUN_LOG_ONLY, run_log
@@ -95,7 +104,7 @@ def aggregate_round(
         if config.aggregation.robust == "none":
             server = algorithm.aggregate(server, replies)
         else:
-            server = robust_aggregate(config, server, replies)
+            server = robust_aggregate(config, server, replies, algorithm)
     except UserError:
         raise
     except Exception as exc:
@@ -144,6 +153,7 @@ def open_run(
     check_trackers(config)
     check_privacy(config)
     check_robust(config)
+    check_server_optimizer(config)
     # both re-entrant: a Flower simulation's ServerApp thread takes them again; a refused resume (a changed
     # config, a damaged checkpoint) leaves the folder as it was, its run.log included
     with run_dir.lock():
@@ -163,8 +173,9 @@ def play_round(
     rnd: int,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, float]:
     """One round: sample, train through ``executor``, screen the replies, clip (``privacy.clipping:
-    server``), aggregate, add the DP noise, evaluate on evaluated rounds. Returns the new server state, the
-    round's record (None when not evaluated) and its wall time."""
+    server``), noise each reply's class statistics, aggregate (robustly with ``aggregation.robust``), add the
+    DP noise, take the server optimiser's step, evaluate on evaluated rounds. Returns the new server state,
+    the round's record (None when not evaluated) and its wall time."""
     t0 = time.perf_counter()
     ids = sample_clients(config.clients, config.participation, config.seed, rnd)
     evaluate = is_eval_round(rnd, config)
@@ -183,13 +194,22 @@ def play_round(
     )
     kept = [results[i] for i in screened.kept]
     privacy = config.privacy
-    if privacy.clip is not None and privacy.clipping == "server":
+    uploads = algorithm.upload_bounds()
+    if privacy.clip is not None:
+        bounds = stat_bounds(config, algorithm.ctx.num_classes)
         for r in kept:
-            payload = algorithm.payload_for(server, r.client)
-            r.update, r.clipped = clip_update(r.update, payload, privacy.clip, config.algorithm.name)
+            if privacy.clipping == "server":
+                payload = algorithm.payload_for(server, r.client)
+                name = config.algorithm.name
+                r.update, r.clipped = clip_update(r.update, payload, privacy.clip, name, bounds)
+            r.update = noise_uploads(r.update, uploads, config, rnd, r.client, bounds.num_classes)
     kept_ids = [r.client for r in kept]
+    before = server.get(MODEL)
     server = aggregate_round(algorithm, config, rnd, server, [r.update for r in kept], kept_ids)
-    server = add_noise(server, config, rnd, len(kept))
+    joined = [u.key for u in uploads if u.kind == "model" and u.key in server]
+    server = add_noise(server, config, rnd, len(kept), joined, type(algorithm).averages_model)
+    if before is not None:
+        server = server_step(config, before, server)
     if not evaluate:
         return server, None, time.perf_counter() - t0
     ga, ga_classes = global_evaluation(algorithm, fed.model_for(0), fed, server)
