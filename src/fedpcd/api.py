@@ -483,20 +483,6 @@ def partition(
 _YEAR = re.compile(r"\b(?:19|20)\d\d\b")
 
 
-def _registries() -> list[tuple[str, Any]]:
-    from fedpcd.algorithms import ALGORITHMS
-    from fedpcd.data.datasets import DATASETS
-    from fedpcd.data.partition import PARTITIONERS
-    from fedpcd.models import MODELS
-
-    return [
-        ("algorithm", ALGORITHMS),
-        ("model", MODELS),
-        ("dataset", DATASETS),
-        ("partition scheme", PARTITIONERS),
-    ]
-
-
 def _paragraph(doc: str | None) -> str:
     """The first paragraph of a docstring on one line."""
     return " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
@@ -582,9 +568,12 @@ def describe(name: str) -> str:
     Raises:
         UserError: An unknown name (the line lists the valid ones).
     """
-    registries = _registries()
-    blocks = [_block(kind, name, registry.get(name)) for kind, registry in registries if name in registry]
-    if not blocks:
-        names = {n for _, registry in registries for n in registry.names()}
-        raise choices("algorithm, model, dataset or partition scheme", name, sorted(names))
-    return "\n\n".join(blocks)
+    from fedpcd.catalog import HOMES, catalog, known_names, registry
+
+    names = known_names()  # an unknown name is answered without importing the components (no torch)
+    if name not in names:
+        raise choices("algorithm, model, dataset or partition scheme", name, names)
+    # only the registries that hold the name are imported (a partition scheme's: no torch)
+    return "\n\n".join(
+        _block(kind, name, registry(kind).get(name)) for kind in HOMES if name in catalog(kind)
+    )
