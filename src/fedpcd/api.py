@@ -44,7 +44,7 @@ from fedpcd.config import (
 )
 from fedpcd.config_input import config_path as config_file
 from fedpcd.config_input import read_yaml
-from fedpcd.errors import UserError, choices, clip, short
+from fedpcd.errors import UserError, clip, short
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.run_format import RunFiles
 from fedpcd.utils import show_path, text_table
@@ -568,12 +568,10 @@ def describe(name: str) -> str:
     Raises:
         UserError: An unknown name (the line lists the valid ones).
     """
-    from fedpcd.catalog import HOMES, catalog, known_names, registry
+    from fedpcd.catalog import HOMES, catalog, check_name, registry
 
-    names = known_names()  # an unknown name is answered without importing the components (no torch)
-    if name not in names:
-        raise choices("algorithm, model, dataset or partition scheme", name, names)
-    # only the registries that hold the name are imported (a partition scheme's: no torch)
+    check_name(name)  # an unknown name is answered without importing the components (no torch)
+    # only the registries that hold the name are imported
     return "\n\n".join(
         _block(kind, name, registry(kind).get(name)) for kind in HOMES if name in catalog(kind)
     )

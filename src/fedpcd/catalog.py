@@ -19,6 +19,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from fedpcd.errors import choices
 from fedpcd.registry import PLUGIN_GROUPS, Registry
 
 # kind -> (the module holding its registry, the registry's name, the decorator calls that register into it)
@@ -50,9 +51,15 @@ def catalog(kind: str) -> dict[str, str]:
     return dict(sorted(_source_registrations()[kind].items()))
 
 
-def known_names() -> list[str]:
-    """Every registered name of every kind, sorted (a name may be of several kinds)."""
-    return sorted({name for kind in HOMES for name in catalog(kind)})
+def check_name(name: str) -> None:
+    """Refuse a name that no kind registers, with the valid names (``fedpcd list NAME``'s error).
+
+    Raises:
+        UserError: ``name`` is registered as no algorithm, model, dataset or partition scheme.
+    """
+    names = sorted({known for kind in HOMES for known in catalog(kind)})
+    if name not in names:
+        raise choices("algorithm, model, dataset or partition scheme", name, names)
 
 
 @functools.cache

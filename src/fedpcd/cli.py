@@ -131,6 +131,9 @@ def cmd_list(args: argparse.Namespace) -> None:
         _list_configs()
         return
     if args.name is not None:
+        from fedpcd.catalog import check_name
+
+        check_name(args.name)  # before the API's imports: an unknown name answers at once
         from fedpcd.api import describe
 
         print(describe(args.name))
