@@ -58,7 +58,12 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
         for command in (["run"], ["partition"], ["sweep"], ["config", "show"]):
             expected.append(([*command, "--config", bad], 2))
     expected += [(["init"], 0), (["init"], 2), (["list", "configs"], 0), (["-q", "list", "configs", "-v"], 0)]
-    expected += [(["list"], 0), (["list", "fedfoo"], 2)]
+    expected += [
+        (["list"], 0),
+        (["list", "fedfoo"], 2),
+        (["list", "dirichlet"], 0),
+        (["list", "flwr:shard"], 0),
+    ]
     results = _run([argv for argv, _ in expected], tmp_path)
     assert [(argv, code) for argv, code, _ in results] == [(argv, code) for argv, code in expected]
     assert [argv for argv, _, torch in results if torch] == []

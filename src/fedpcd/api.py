@@ -568,10 +568,8 @@ def describe(name: str) -> str:
     Raises:
         UserError: An unknown name (the line lists the valid ones).
     """
-    from fedpcd.catalog import HOMES, catalog, check_name, registry
+    from fedpcd.catalog import HOMES, check_name, holds, registry
 
     check_name(name)  # an unknown name is answered without importing the components (no torch)
     # only the registries that hold the name are imported
-    return "\n\n".join(
-        _block(kind, name, registry(kind).get(name)) for kind in HOMES if name in catalog(kind)
-    )
+    return "\n\n".join(_block(kind, name, registry(kind).get(name)) for kind in HOMES if holds(kind, name))

@@ -30,6 +30,7 @@ HOMES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "partition scheme": ("fedpcd.data.partition", "PARTITIONERS", ("PARTITIONERS.register",)),
 }
 _PACKAGE = Path(__file__).parent
+HF_PREFIX = "hf:"  # dataset names hf:<hub name>: any Hugging Face dataset, known without registering
 
 
 def registry(kind: str) -> Registry[Any]:
@@ -51,14 +52,20 @@ def catalog(kind: str) -> dict[str, str]:
     return dict(sorted(_source_registrations()[kind].items()))
 
 
+def holds(kind: str, name: str) -> bool:
+    """Whether ``name`` is a component of ``kind``: registered, or (a dataset) any ``hf:<hub name>``."""
+    return name in catalog(kind) or (kind == "dataset" and name.startswith(HF_PREFIX))
+
+
 def check_name(name: str) -> None:
-    """Refuse a name that no kind registers, with the valid names (``fedpcd list NAME``'s error).
+    """Refuse a name that is no component of any kind, with the registered names (``fedpcd list NAME``'s
+    error).
 
     Raises:
-        UserError: ``name`` is registered as no algorithm, model, dataset or partition scheme.
+        UserError: ``name`` is no algorithm, model, dataset or partition scheme.
     """
-    names = sorted({known for kind in HOMES for known in catalog(kind)})
-    if name not in names:
+    if not any(holds(kind, name) for kind in HOMES):
+        names = sorted({known for kind in HOMES for known in catalog(kind)})
         raise choices("algorithm, model, dataset or partition scheme", name, names)
 
 
