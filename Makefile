@@ -59,7 +59,8 @@ demo: install
 	fedpcd demo
 
 # the suite's files spread over the cores (a file's tests share one worker: its module fixtures run once),
-# in collection order: tests/conftest.py puts the files with slow tests first. pyproject.toml's addopts
+# in collection order: tests/conftest.py puts the files with tests marked `procs` (Ray, Flower and job
+# processes) first, each followed by another file, then the files with slow tests. pyproject.toml's addopts
 # leave out the tests marked `release`: they install the project again (a clone's `make install`, the wheel
 # in a fresh environment, which also runs every block of README.md and docs/getting-started.md: minutes), and
 # run in `make check-release` (CI runs both: .ci/run)

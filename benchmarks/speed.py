@@ -183,6 +183,12 @@ def vectorized_available() -> bool:
 # ----- measurement --------------------------------------------------------------------------------------
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA runs them asynchronously): a timer then sees their time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class FederatedRunner:
     """One executor's FedAvg federation over a shared set of clients: times one round."""
 
@@ -199,6 +205,7 @@ class FederatedRunner:
         self.server = self.algorithm.aggregate(self.server, [r.update for r in results])
         if evaluate:
             global_accuracy(self.algorithm, self.fed.model_for(0), self.fed, self.server)
+        synchronize(self.fed.device)
         return time.perf_counter() - t0
 
 
@@ -226,6 +233,7 @@ class PlainLoop:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        synchronize(self.fed.device)
         return time.perf_counter() - t0
 
     @torch.no_grad()
@@ -241,6 +249,7 @@ class PlainLoop:
             for start in range(0, len(x), 512):
                 self.model(x[start : start + 512]).argmax(1)
         self.model.train()
+        synchronize(self.fed.device)
         return time.perf_counter() - t0
 
 

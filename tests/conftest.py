@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -111,7 +112,27 @@ def assert_same_backend_run(local: Path, flower: Path) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files with slow tests first (stable order otherwise), so that `make test`'s workers start them
-    early instead of ending on one long file."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+    """Files in the order `make test` (``--dist loadfile``: a file is one work unit, given to the workers in
+    this order, two each at the start) should start them: the files with tests that start Ray, Flower or job
+    processes (marked ``procs``: minutes without a line of output) first, each followed by a file without
+    them, then the other files with slow tests, then the rest; stable otherwise. The long files so start at
+    once instead of ending the run, and a worker next to a ``procs`` file goes through other tests, a dot
+    each, so progress shows: with two workers the ``procs`` files share one worker."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    procs = {item.path for item in items if item.get_closest_marker("procs")}
+    files = sorted(dict.fromkeys(item.path for item in items), key=lambda p: (p not in procs, p not in slow))
+    first, rest = files[: len(procs)], files[len(procs) :]
+    order: list[Path] = []
+    for i, path in enumerate(first):
+        order += [path, *rest[i : i + 1]]
+    rank = {path: i for i, path in enumerate(order + rest[len(first) :])}
+    items.sort(key=lambda item: rank[item.path])
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown without xdist (-p no:xdist)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """A line as each worker is ready (starting a worker imports torch and collects the suite: a minute on a
+    loaded machine), where ``-q`` shows nothing until the first test ends."""
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"{node.gateway.id} ready: {len(ids)} tests")

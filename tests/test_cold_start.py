@@ -1,4 +1,4 @@
-"""The command line answers help, input errors, `init` and `list configs` without importing torch.
+"""The command line answers help, input errors, `init` and the listings without importing torch.
 
 Each command runs in one fresh interpreter (this test process has torch loaded already), which reports after
 each command its exit code and whether torch is in ``sys.modules``."""
@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from fedpcd.cli import build_parser
+from fedpcd.catalog import HOMES, registry
+from fedpcd.cli import build_parser, main
 
 # runs each argv of the JSON list in argv[1] through fedpcd's main, then prints [argv, exit code, torch?]
 RUNNER = """
@@ -44,7 +45,7 @@ def _commands() -> list[str]:
 
 
 @pytest.mark.slow
-def test_help_bad_configs_init_and_list_configs_do_not_import_torch(tmp_path):
+def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     (tmp_path / "bad.yaml").write_text("rounds: [1, 2\n")
     (tmp_path / "latin1.yaml").write_bytes(b"# caf\xe9\nrounds: 1\n")
     (tmp_path / "alias.yaml").write_text("a: &x 1\nb: *x\n")
@@ -57,6 +58,12 @@ def test_help_bad_configs_init_and_list_configs_do_not_import_torch(tmp_path):
         for command in (["run"], ["partition"], ["sweep"], ["config", "show"]):
             expected.append(([*command, "--config", bad], 2))
     expected += [(["init"], 0), (["init"], 2), (["list", "configs"], 0), (["-q", "list", "configs", "-v"], 0)]
+    expected += [
+        (["list"], 0),
+        (["list", "fedfoo"], 2),
+        (["list", "dirichlet"], 0),
+        (["list", "flwr:shard"], 0),
+    ]
     results = _run([argv for argv, _ in expected], tmp_path)
     assert [(argv, code) for argv, code, _ in results] == [(argv, code) for argv, code in expected]
     assert [argv for argv, _, torch in results if torch] == []
@@ -65,6 +72,37 @@ def test_help_bad_configs_init_and_list_configs_do_not_import_torch(tmp_path):
 
 @pytest.mark.slow
 def test_the_registries_still_load_after_a_light_start(tmp_path):
-    """`fedpcd list` imports what it lists (the algorithm and model modules, torch with them)."""
-    results = _run([["list", "configs"], ["list"]], tmp_path)
-    assert [(code, torch) for _, code, torch in results] == [(0, False), (0, True)]
+    """`fedpcd list NAME` of an algorithm imports what it describes (its module, torch with it)."""
+    results = _run([["list", "configs"], ["list"], ["list", "fedavg"]], tmp_path)
+    assert [(code, torch) for _, code, torch in results] == [(0, False), (0, False), (0, True)]
+
+
+# prints what `fedpcd list` prints, then whether torch is in sys.modules
+LISTING = """
+import sys
+from fedpcd.cli import main
+main(["list"])
+print("torch" in sys.modules)
+"""
+
+
+@pytest.mark.slow
+def test_the_light_listing_is_the_registries_listing(tmp_path, capsys):
+    """`fedpcd list` read from the source (a fresh process) prints what the imported registries give, line
+    for line: every registered name of every kind, with its description."""
+    done = subprocess.run([sys.executable, "-c", LISTING], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    light, torch_loaded = done.stdout.rsplit("\n", 2)[0] + "\n", done.stdout.splitlines()[-1]
+    assert torch_loaded == "False"
+    assert "torch" in sys.modules  # here the registries are imported: `fedpcd list` reads them
+    assert main(["list"]) == 0
+    assert light == capsys.readouterr().out
+    listed = {(line.split()[0], line.split()[1]) for line in light.splitlines()}
+    labels = {
+        "algorithm": "algorithm",
+        "model": "model",
+        "dataset": "dataset",
+        "partition scheme": "partition",
+    }
+    registered = {(labels[kind], name) for kind in HOMES for name in registry(kind).names()}
+    assert listed == registered

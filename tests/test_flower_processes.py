@@ -92,6 +92,9 @@ class SocketWatch:
         self._thread.join()
 
 
+pytestmark = pytest.mark.procs  # every test here starts Flower's processes (and Ray's)
+
+
 @pytest.fixture
 def flower_tmp_env(tmp_path, monkeypatch):
     """A temporary FLWR_HOME and RAY_TMPDIR for anything that would write under $HOME or /tmp/ray."""

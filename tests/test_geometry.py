@@ -88,3 +88,42 @@ def test_geometry_needs_a_checkpoint(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--geometry"]) == 0
     row = capsys.readouterr().out.splitlines()[-1]
     assert "| - | - | - |" in row  # a run without its final state gets no angles, and no crash
+
+
+def test_run_geometry_loads_the_checkpoint_once_and_passes_over_the_test_set_once_per_model(
+    tmp_path, monkeypatch
+):
+    """One checkpoint load per run, and per model (the global one, then each client's personal one) one pass
+    over the test set in batches of ``geometry.BATCH``: no pass per class or per sample."""
+    import fedpcd.algorithms.fedavg
+    from fedpcd.engine.rundir import RunDir
+    from fedpcd.report import geometry
+
+    out = tmp_path / "run"
+    run_experiment(load_config(None, [*SMALL, "rounds=1", f"output_dir={out}"]), progress=False)
+    expected = run_geometry(out)
+    loads, batches, means = [], [], []
+    load_checkpoint, make_feature_map = RunDir.load_checkpoint, fedpcd.algorithms.fedavg.feature_map
+
+    def counted_load(self, *args, **kwargs):
+        loads.append(self)
+        return load_checkpoint(self, *args, **kwargs)
+
+    def counted_map(*args, **kwargs):
+        features = make_feature_map(*args, **kwargs)
+        return lambda x: batches.append(len(x)) or features(x)
+
+    def counted_means(features, labels, num_classes):
+        means.append(len(features))
+        return class_means(features, labels, num_classes)
+
+    monkeypatch.setattr(RunDir, "load_checkpoint", counted_load)
+    monkeypatch.setattr(fedpcd.algorithms.fedavg, "feature_map", counted_map)
+    monkeypatch.setattr(geometry, "BATCH", 64)
+    monkeypatch.setattr(geometry, "class_means", counted_means)
+    assert run_geometry(out) == pytest.approx(expected, abs=1e-4)  # other batches: rounding at most
+    tests = len(build_federation(load_config(None, SMALL)).test_y)
+    per_pass = [min(64, tests - start) for start in range(0, tests, 64)]
+    assert len(loads) == 1
+    assert means == [tests] * 5  # the global model and 4 clients' personal models
+    assert batches == per_pass * 5

@@ -235,6 +235,7 @@ def test_eta_without_a_fixed_number_of_jobs_divides_by_the_runs_running(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 @requires["ray"]
 def test_ray_sweep_on_a_running_cluster_matches_the_local_launcher(tmp_path, reference, monkeypatch):
     """A Ray cluster on 127.0.0.1 started here as the launcher starts one without --address (2 CPUs where
@@ -273,6 +274,7 @@ def test_ray_sweep_on_a_running_cluster_matches_the_local_launcher(tmp_path, ref
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 @requires["submitit"]
 def test_slurm_sweep_through_submitit_local_matches_the_local_launcher(tmp_path, reference, capsys):
     """submitit's local executor (--slurm cluster=local): one job process per run, all at once."""

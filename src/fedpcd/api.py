@@ -45,7 +45,7 @@ from fedpcd.config import (
 )
 from fedpcd.config_input import config_path as config_file
 from fedpcd.config_input import read_yaml
-from fedpcd.errors import UserError, choices, clip, short
+from fedpcd.errors import UserError, clip, short
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.run_format import RunFiles
 from fedpcd.utils import show_path, text_table
@@ -484,20 +484,6 @@ def partition(
 _YEAR = re.compile(r"\b(?:19|20)\d\d\b")
 
 
-def _registries() -> list[tuple[str, Any]]:
-    from fedpcd.algorithms import ALGORITHMS
-    from fedpcd.data.datasets import DATASETS
-    from fedpcd.data.partition import PARTITIONERS
-    from fedpcd.models import MODELS
-
-    return [
-        ("algorithm", ALGORITHMS),
-        ("model", MODELS),
-        ("dataset", DATASETS),
-        ("partition scheme", PARTITIONERS),
-    ]
-
-
 def _paragraph(doc: str | None) -> str:
     """The first paragraph of a docstring on one line."""
     return " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
@@ -609,11 +595,11 @@ def describe(name: str) -> str:
     Raises:
         UserError: An unknown name (the line lists the valid ones).
     """
-    registries = _registries()
-    blocks = [_block(kind, name, registry.get(name)) for kind, registry in registries if name in registry]
-    if not blocks and _section(name) is not None:
+    from fedpcd.catalog import HOMES, check_name, holds, registry
+
+    kinds = [kind for kind in HOMES if holds(kind, name)]
+    if not kinds and _section(name) is not None:
         return _section_block(name, _section(name))
-    if not blocks:
-        names = {n for _, registry in registries for n in registry.names()}
-        raise choices("algorithm, model, dataset or partition scheme", name, sorted(names))
-    return "\n\n".join(blocks)
+    check_name(name)  # an unknown name is answered without importing the components (no torch)
+    # only the registries that hold the name are imported
+    return "\n\n".join(_block(kind, name, registry(kind).get(name)) for kind in kinds)

@@ -137,25 +137,22 @@ def cmd_list(args: argparse.Namespace) -> None:
         _list_configs()
         return
     if args.name is not None:
-        from fedpcd.api import describe
+        from fedpcd.api import describe  # an unknown name is answered before any component is imported
 
         print(describe(args.name))
         return
 
-    from fedpcd.algorithms import ALGORITHMS
-    from fedpcd.data.datasets import DATASETS
-    from fedpcd.data.partition import PARTITIONERS
-    from fedpcd.models import MODELS
+    from fedpcd.catalog import catalog  # the names and docstrings read from the source: no torch
 
-    for kind, reg in [
-        ("algorithm", ALGORITHMS),
-        ("dataset", DATASETS),
-        ("partition", PARTITIONERS),
-        ("model", MODELS),
+    for kind, label in [
+        ("algorithm", "algorithm"),
+        ("dataset", "dataset"),
+        ("partition scheme", "partition"),
+        ("model", "model"),
     ]:
-        for name in reg.names():
-            head = f"{kind:<10} {name:<14} "
-            print(head + shorten((reg.get(name).__doc__ or "").strip(), LIST_WIDTH - len(head)))
+        for name, doc in catalog(kind).items():
+            head = f"{label:<10} {name:<14} "
+            print(head + shorten(doc.strip(), LIST_WIDTH - len(head)))
 
 
 def _list_configs() -> None:

@@ -603,26 +603,45 @@ def resolve_model_params(config: Config) -> dict[str, Any]:
 def _check_model_size(archs: list[str], params: dict[str, Any]) -> None:
     """Build each architecture on torch's meta device (no memory) for the largest built-in input, 3x32x32
     with 100 classes: parameters of the wrong type or sign, or more than ``MAX_MODEL_PARAMS`` weights, are a
-    UserError now, never an allocation failure later."""
-    import torch
+    UserError now, never an allocation failure later. Each builder is built once per process for given
+    parameters (a sweep's or a report's many configs share them)."""
+    from fedpcd.models import MODELS
 
-    from fedpcd.models import build_validated
-
+    given = repr(sorted(params.items()))  # repr keeps 1, 1.0, True and "1" apart
     for arch in archs:
-        try:
-            with torch.device("meta"):
-                model = build_validated(arch, 3, 100, 32, params)
-        except (UserError, NotImplementedError):  # input-specific or meta-unsupported: the real build decides
-            continue
-        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-            reason = clip(str(exc).strip().split("\n")[0])
-            raise UserError(f"model {arch!r} cannot be built with {short(params)}: {reason}") from None
-        weights = sum(p.numel() for p in model.parameters())
-        if weights > MAX_MODEL_PARAMS:
+        key = (MODELS.get(arch), arch, given)
+        if key not in _MODEL_WEIGHTS:
+            _MODEL_WEIGHTS[key] = _meta_weights(arch, params)
+        weights = _MODEL_WEIGHTS[key]
+        if isinstance(weights, str):
+            raise UserError(weights)
+        if weights is not None and weights > MAX_MODEL_PARAMS:
             raise UserError(
                 f"model {arch!r} with {short(params)} has {weights:.3g} weights (for 3x32x32 inputs, 100 "
                 f"classes), more than the limit of {MAX_MODEL_PARAMS:.0e}; choose a smaller width"
             )
+
+
+# (builder, architecture, parameters' repr) -> its number of weights, why it cannot be built, or None
+_MODEL_WEIGHTS: dict[tuple[Any, str, str], int | str | None] = {}
+
+
+def _meta_weights(arch: str, params: dict[str, Any]) -> int | str | None:
+    """The number of weights of ``arch`` built on the meta device, else why it cannot be built (the message),
+    or None where the check does not apply (input-specific, or the meta device unsupported)."""
+    import torch
+
+    from fedpcd.models import build_validated
+
+    try:
+        with torch.device("meta"):
+            model = build_validated(arch, 3, 100, 32, params)
+    except (UserError, NotImplementedError):  # input-specific or meta-unsupported: the real build decides
+        return None
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+        reason = clip(str(exc).strip().split("\n")[0])
+        return f"model {arch!r} cannot be built with {short(params)}: {reason}"
+    return sum(p.numel() for p in model.parameters())
 
 
 def _check_min_clients(config: Config) -> None:

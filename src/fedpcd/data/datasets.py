@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from fedpcd.catalog import HF_PREFIX  # dataset names hf:<hub name>: fedpcd.data.hf
 from fedpcd.data.cifar import (
     CIFAR10_DIR,
     CIFAR10_MD5,
@@ -224,7 +225,6 @@ def channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]
 
 
 Loader = Callable[[Path | None, bool], Dataset]
-HF_PREFIX = "hf:"  # dataset names hf:<hub name>: any Hugging Face dataset (fedpcd.data.hf)
 HF_MODULE = "fedpcd.data.hf"
 
 

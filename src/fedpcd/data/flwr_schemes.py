@@ -25,7 +25,6 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedpcd.data.hf import require
 from fedpcd.data.scheme_base import PARTITIONERS, _require
 from fedpcd.errors import UserError, clip
 
@@ -43,6 +42,8 @@ def flwr_split(
     """Per-client training indices from a Flower partitioner: ``make(flwr_datasets.partitioner, seed)``
     builds it for ``num_clients`` partitions of the column ``label``; it runs on ``labels`` in an
     ``rng``-drawn order."""
+    from fedpcd.data.hf import require  # torch with it: only when a Flower scheme runs
+
     datasets = require("datasets", f"partition scheme {scheme!r}")
     partitioners = require("flwr_datasets.partitioner", f"partition scheme {scheme!r}")
     order = rng.permutation(len(labels)).astype(np.int64)

@@ -245,12 +245,13 @@ def usable_cores() -> int:
 def auto_workers(fed: Federation) -> tuple[int, str]:
     """``engine.workers: auto``: (processes, why). The usable cores (:func:`usable_cores`), capped by the
     clients per round and by the available memory (a worker holds its own model objects and torch's
-    runtime); one process on a GPU, whose vectorized executor batches the clients instead."""
+    runtime); one process on a GPU, which trains the clients one after another (``engine.executor: auto``
+    is sequential everywhere; ``engine.executor: vectorized`` batches them)."""
     import psutil
 
     config = fed.config
     if fed.device.type != "cpu":
-        return 1, "on a GPU one process (the vectorized executor batches the clients instead)"
+        return 1, "on a GPU one process (engine.executor: vectorized batches its clients)"
     cores = usable_cores()
     per_round = max(1, round(config.participation * config.clients))
     model = sum(t.numel() * t.element_size() for t in fed.model_for(0).state_dict().values())

@@ -28,8 +28,9 @@ from fedpcd.errors import UserError
 
 
 def class_means(features: Tensor, labels: Tensor, num_classes: int) -> Tensor:
-    """[C, d]: the mean feature of each class (NaN rows for classes without samples)."""
-    sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float64)
+    """[C, d]: the mean feature of each class (NaN rows for classes without samples), in one pass over the
+    features (a scatter-add by label), on their device."""
+    sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float64, device=features.device)
     sums.index_add_(0, labels, features.to(torch.float64))
     counts = torch.bincount(labels, minlength=num_classes).to(torch.float64)
     return sums / counts.unsqueeze(1)
@@ -50,10 +51,14 @@ def mean_angle(means: Tensor, classes: Tensor | None = None) -> float | None:
     return float(torch.rad2deg(torch.arccos(cos[pairs[0], pairs[1]])).mean())
 
 
+BATCH = 512  # test samples per forward pass
+
+
 @torch.no_grad()
 def _means(features: Predictor, model: torch.nn.Module, x: Tensor, y: Tensor, num_classes: int) -> Tensor:
+    """The class means of one model's features: one batched pass over the test set."""
     model.eval()
-    feats = torch.cat([features(x[i : i + 512]) for i in range(0, len(x), 512)])
+    feats = torch.cat([features(x[i : i + BATCH]) for i in range(0, len(x), BATCH)])
     return class_means(feats, y, num_classes)
 
 
@@ -63,7 +68,9 @@ def _mean_or_none(values: list[float | None]) -> float | None:
 
 
 def run_geometry(run_dir: str | Path) -> dict[str, float | None]:
-    """The global, held and missing angles (degrees) of a finished run with a checkpoint (see module doc)."""
+    """The global, held and missing angles (degrees) of a finished run with a checkpoint (see module doc): the
+    checkpoint is loaded once, and each model (the global one, each client's personal one) makes one batched
+    pass over the test set, whose class means serve all of that model's angles."""
     from fedpcd.algorithms.fedavg import feature_map
     from fedpcd.engine import open_run
     from fedpcd.engine.client_update import local_step
@@ -74,7 +81,7 @@ def run_geometry(run_dir: str | Path) -> dict[str, float | None]:
     config = fed.config
     server, states = ckpt["server"], ckpt["client_states"]
     model = fed.model_for(0)
-    test_x, test_y, classes = fed.dataset.normalized("test"), fed.dataset.test_y, fed.dataset.num_classes
+    test_x, test_y, classes = fed.test_x, fed.test_y, fed.dataset.num_classes  # normalised, on the device
     global_model = algorithm.global_predictor(model, server)
     angle_all = None
     if global_model is not None:

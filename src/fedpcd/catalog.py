@@ -1,0 +1,115 @@
+"""The registered components' names and descriptions without importing them (``fedpcd list`` answers fast).
+
+The built-in algorithms, models and datasets live in modules that import torch (about 2 s). Their
+registrations are decorators in fedpcd's own source: ``@ALGORITHMS.register("fedavg")``,
+``@register_model("mlp")``, ``@DATASETS.register("fmnist")``, ``@PARTITIONERS.register("iid")``. The catalog
+reads those decorators and the decorated definitions' docstrings with :mod:`ast`, so the decorators stay the
+one source of truth (tests check the catalog against the imported registries). It reads the registries
+themselves instead where that costs nothing or is needed: their module is imported already (in-process
+registrations included), or an installed plugin registers into them (plugins register on import).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from fedpcd.errors import choices
+from fedpcd.registry import PLUGIN_GROUPS, Registry
+
+# kind -> (the module holding its registry, the registry's name, the decorator calls that register into it)
+HOMES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "algorithm": ("fedpcd.algorithms", "ALGORITHMS", ("ALGORITHMS.register",)),
+    "model": ("fedpcd.models", "MODELS", ("register_model",)),
+    "dataset": ("fedpcd.data.datasets", "DATASETS", ("DATASETS.register",)),
+    "partition scheme": ("fedpcd.data.partition", "PARTITIONERS", ("PARTITIONERS.register",)),
+}
+_PACKAGE = Path(__file__).parent
+HF_PREFIX = "hf:"  # dataset names hf:<hub name>: any Hugging Face dataset, known without registering
+
+
+def registry(kind: str) -> Registry[Any]:
+    """The registry of ``kind`` (one of :data:`HOMES`), its modules imported."""
+    module, attribute, _ = HOMES[kind]
+    return getattr(importlib.import_module(module), attribute)
+
+
+def catalog(kind: str) -> dict[str, str]:
+    """Every registered name of ``kind`` -> its docstring ('' where it has none), sorted by name.
+
+    From the source where neither the registry's module nor a plugin of its group is imported yet (no torch),
+    else from the registry itself.
+    """
+    module, _, _ = HOMES[kind]
+    if module in sys.modules or any(True for _ in entry_points(group=PLUGIN_GROUPS[kind][0])):
+        reg = registry(kind)
+        return {name: reg.get(name).__doc__ or "" for name in reg.names()}
+    return dict(sorted(_source_registrations()[kind].items()))
+
+
+def holds(kind: str, name: str) -> bool:
+    """Whether ``name`` is a component of ``kind``: registered, or (a dataset) any ``hf:<hub name>``."""
+    return name in catalog(kind) or (kind == "dataset" and name.startswith(HF_PREFIX))
+
+
+def check_name(name: str) -> None:
+    """Refuse a name that is no component of any kind, with the registered names (``fedpcd list NAME``'s
+    error).
+
+    Raises:
+        UserError: ``name`` is no algorithm, model, dataset or partition scheme.
+    """
+    if not any(holds(kind, name) for kind in HOMES):
+        names = sorted({known for kind in HOMES for known in catalog(kind)})
+        raise choices("algorithm, model, dataset or partition scheme", name, names)
+
+
+@functools.cache
+def _source_registrations() -> dict[str, dict[str, str]]:
+    """kind -> {name: docstring} of the registering decorators in fedpcd's source files."""
+    kinds = {call: kind for kind, (_, _, calls) in HOMES.items() for call in calls}
+    found: dict[str, dict[str, str]] = {kind: {} for kind in HOMES}
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if not any(f"{call}(" in text for call in kinds):  # parse only the files that register
+            continue
+        tree = ast.parse(text, str(path))
+        constants = _string_constants(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                continue
+            for call in node.decorator_list:
+                kind = kinds.get(ast.unparse(call.func)) if isinstance(call, ast.Call) and call.args else None
+                if kind is not None:
+                    doc = ast.get_docstring(node, clean=False) or ""  # as __doc__ holds it
+                    found[kind][_string_value(call.args[0], constants)] = doc
+    return found
+
+
+def _string_constants(tree: ast.Module) -> dict[str, str]:
+    """The module's top-level ``NAME = "text"`` assignments."""
+    return {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
+
+
+def _string_value(node: ast.expr, constants: dict[str, str]) -> str:
+    """A registered name as written: a string, a module constant, or their sum (``FLWR_PREFIX + "shard"``)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in constants:
+        return constants[node.id]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _string_value(node.left, constants) + _string_value(node.right, constants)
+    raise ValueError(f"a registration whose name is not a string literal: {ast.unparse(node)}")
