@@ -456,6 +456,7 @@ EXEMPT_REASONS = {
     "rule": "the verdict scale's constants",
     "computed": "computed without training by the command shown beside it (partitions, the ETF's geometry)",
     "install": "a measured install or test time, with its machine and load beside it",
+    "machine": "the machine and its load when a benchmark ran, as its archived output prints them",
 }
 REASONS = ", ".join(EXEMPT_REASONS)
 COMMENT = re.compile(r"<!--(.*?)-->", re.S)
@@ -594,6 +595,7 @@ def environment(repo: Path) -> jinja2.Environment:
         report_page=lambda: report_page(repo),
         leaderboard_cells=lambda: leaderboard_cells(repo),
         bench=lambda name, path, decimals=None: bench(repo, name, path, decimals),
+        bench_value=lambda name, path: float(bench(repo, name, path)),
         scale=verdict_scale,
     )
     env.filters.update(f=_fixed, s=_signed)
