@@ -18,6 +18,7 @@ from typing import Any
 from fedpcd import __version__
 from fedpcd.errors import Terminated, UserError
 from fedpcd.procs_guard import out_of_memory_line  # at start: under a memory limit a late import fails
+from fedpcd.utils import show_text
 
 # Only the standard library and fedpcd's light modules load at import: `fedpcd --help`, a missing config,
 # `init` and `list configs` answer without torch; each command imports what it needs once its input is read.
@@ -62,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         summary = run_experiment(config, progress=not args.quiet)
         out = config.output_dir
     print(_summary_table(summary))
-    print(f"run directory: {out}  ({summary['wall_s']:.1f} s)")
+    print(f"run directory: {show_text(out)}  ({summary['wall_s']:.1f} s)")
 
 
 def cmd_partition(args: argparse.Namespace) -> None:
@@ -86,10 +87,10 @@ def cmd_partition(args: argparse.Namespace) -> None:
     print(partition_table(part, train_y, test_y))
     if args.json:
         atomic_write_text(args.json, json.dumps(partition_json(part, train_y, test_y)))
-        print(f"wrote {args.json}")
+        print(f"wrote {show_text(args.json)}")
     if args.plot:
         plot_partition(part, train_y, args.plot)
-        print(f"wrote {args.plot}")
+        print(f"wrote {show_text(args.plot)}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
@@ -97,7 +98,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
     if args.dry_run:
         for cfg in expand_sweep(args.config, args.overrides):
-            print(f"{run_status(cfg):<7} {cfg.output_dir}")
+            print(f"{run_status(cfg):<7} {show_text(cfg.output_dir)}")
         return
     where = [] if args.launcher == "local" else ["--launcher", args.launcher]
     where += [*(["--address", args.address] if args.address else []), *(f"--slurm={s}" for s in args.slurm)]
@@ -123,7 +124,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     if args.print or not args.out:
         print(report.markdown, end="")
     for path in report.files:  # the files this report wrote, the markdown first
-        print(f"wrote {path}")
+        print(f"wrote {show_text(path)}")
 
 
 def cmd_list(args: argparse.Namespace) -> None:
@@ -456,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.config = config_path(args.config)
             args.func(args)
     except UserError as exc:
-        print(f"fedpcd: error: {exc}", file=sys.stderr)
+        print(f"fedpcd: error: {show_text(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
@@ -465,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
             raise
         hint = getattr(args, "resume_hint", None)
-        print(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}", file=sys.stderr)
+        print(show_text(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}"), file=sys.stderr)
         if isinstance(exc, Terminated):
             return 128 + int(signal.SIGTERM)
         return 130 if isinstance(exc, KeyboardInterrupt) else int(signal.SIGTERM)
@@ -476,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedpcd: error: {line}", file=sys.stderr)
         return 2
     except OSError as exc:  # one the commands did not turn into a line of their own
-        print(f"fedpcd: error: {_os_error_line(exc, getattr(args, 'resume_hint', None))}", file=sys.stderr)
+        line = show_text(_os_error_line(exc, getattr(args, "resume_hint", None)))
+        print(f"fedpcd: error: {line}", file=sys.stderr)
         return 2
     return 0
 

@@ -10,6 +10,9 @@ goes to ``<output_dir>/<name>``, its name built from the swept values::
       algorithm: [{name: fedavg}, {name: fedprox, mu: 0.01}]
       seed: [0, 1, 2]
 
+A grid holds at most ``MAX_RUNS`` (100,000) runs: a larger one is refused in one line, counted before any
+run is built.
+
 The reserved axis ``setting`` varies several keys together: each value is a mapping of (dotted) keys to
 values, applied at once, with an optional ``label`` that names it in the folder (e.g. P5C2 needs both
 ``clients: 5`` and its partition)::
@@ -47,6 +50,7 @@ import contextlib
 import copy
 import itertools
 import json
+import math
 import os
 import re
 import sqlite3
@@ -61,7 +65,7 @@ from fedpcd.config import Config, config_from_dict
 from fedpcd.config_input import merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import RunInUseError, UserError, clip
 from fedpcd.run_format import GA, PA_SPLIT, RunFiles
-from fedpcd.utils import make_folder, path_error, show_path
+from fedpcd.utils import make_folder, path_error, show_path, show_text
 
 if TYPE_CHECKING:
     from fedpcd.launchers import Launcher
@@ -69,6 +73,7 @@ if TYPE_CHECKING:
 MAIN_KEYS = ("name", "scheme")
 PROGRESS_EVERY = 60.0  # seconds between two progress lines while no run ends
 SETTING = "setting"  # the axis whose values are mappings of several keys set together
+MAX_RUNS = 100_000  # runs of one sweep's grid (counted before any is built)
 
 
 def _label(key: str, value: Any) -> str:
@@ -109,6 +114,13 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
             raise UserError(f"sweep key {key!r} in {path} must map to a non-empty list of values")
         if key == SETTING and not all(isinstance(v, dict) for v in values):
             raise UserError(f"every value of the sweep axis 'setting' in {path} must be a mapping of keys")
+    count = math.prod(len(values) for values in grid.values())
+    if count > MAX_RUNS:
+        axes = " x ".join(f"{len(values)} {clip(str(key), 40)}" for key, values in grid.items())
+        raise UserError(
+            f"the sweep in {show_path(path)} has {count:,} runs ({axes}), over the limit of {MAX_RUNS:,}; "
+            "split it into several sweep files"
+        )
     base = merge_dicts(raw, parse_overrides(overrides or []))
     root = Path(base.get("output_dir", "runs/sweep"))
     configs, names = [], set()
@@ -335,7 +347,7 @@ def run_sweep(
         status = run_status(cfg)
         if status in SKIP_REASONS:
             skipped.append(cfg.output_dir)
-            print(f"skip {cfg.output_dir}: {SKIP_REASONS[status]}")
+            print(f"skip {show_text(cfg.output_dir)}: {SKIP_REASONS[status]}")
         elif status != "done":
             todo.append((cfg, status == "resume"))
     print(f"sweep: {len(configs)} runs, {len(configs) - len(todo)} finished or skipped, {len(todo)} to run")
@@ -350,16 +362,17 @@ def run_sweep(
         except RunInUseError as exc:  # another sweep on the same folder runs it: not a failure of the run
             skipped.append(out)
             progress.end(out, "skipped")
-            print(f"skip {clip(str(exc), 300)}", flush=True)
+            print(f"skip {show_text(clip(str(exc), 300))}", flush=True)
         except Exception as exc:  # one run's failure must not stop the others
             failed.append(out)
             progress.end(out, "failed")
             first = str(exc).splitlines()[0] if str(exc) else ""
-            print(f"FAILED {out}: {type(exc).__name__}: {clip(first, 300)}", file=sys.stderr, flush=True)
+            line = f"FAILED {out}: {type(exc).__name__}: {clip(first, 300)}"
+            print(show_text(line), file=sys.stderr, flush=True)
         else:
             progress.end(out, "done", seconds if wall is not None else None)
             note = f"{wall:.0f} s" if wall is not None else "finished meanwhile by another process"
-            print(f"done {out} ({note})", flush=True)
+            print(f"done {show_text(out)} ({note})", flush=True)
         print(progress.line(), flush=True)
         try:
             write_index(index, [c for c in configs if c.output_dir == out])

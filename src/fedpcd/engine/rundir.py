@@ -31,7 +31,8 @@ from fedpcd.engine.records import read_records, record_line
 from fedpcd.errors import RunInUseError, UserError
 from fedpcd.logs import LOGGER
 from fedpcd.run_format import RunFiles
-from fedpcd.utils import atomic_write
+from fedpcd.run_schema import Summary, check
+from fedpcd.utils import atomic_write, read_json
 
 try:
     import fcntl
@@ -356,10 +357,4 @@ class RunDir(RunFiles):
     def read_summary(self) -> dict[str, Any]:
         """summary.json; a corrupt one is a UserError naming it."""
         path = self.summary
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UserError(f"cannot read {path}: {exc}") from None
-        if not isinstance(data, dict):
-            raise UserError(f"{path} is not a fedpcd summary (a JSON object)")
-        return data
+        return check(Summary, read_json(path, "summary file", links=False), f"summary file {path}")
