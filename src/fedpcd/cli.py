@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd import __version__
-from fedpcd.errors import Terminated, UserError
-from fedpcd.procs_guard import out_of_memory_line  # at start: under a memory limit a late import fails
+from fedpcd.errors import STOP_SIGNALS, Terminated, UserError
+from fedpcd.procs_guard import (
+    out_of_memory_line,
+    stop_signals_raise,
+)  # at start: under a memory limit a late import fails
 from fedpcd.utils import show_text
 
 # Only the standard library and fedpcd's light modules load at import: `fedpcd --help`, a missing config,
@@ -462,14 +465,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return 0
-    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, SIGTERM; SIGTERM in a Flower run: SystemExit(15)
-        if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
+    except (
+        KeyboardInterrupt,
+        SystemExit,
+    ) as exc:  # Ctrl-C, STOP_SIGNALS; in a Flower run: SystemExit(signum)
+        if isinstance(exc, SystemExit) and exc.code not in STOP_SIGNALS:
             raise
         hint = getattr(args, "resume_hint", None)
         print(show_text(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}"), file=sys.stderr)
         if isinstance(exc, Terminated):
-            return 128 + int(signal.SIGTERM)
-        return 130 if isinstance(exc, KeyboardInterrupt) else int(signal.SIGTERM)
+            return 128 + int(exc.signum)
+        return 130 if isinstance(exc, KeyboardInterrupt) else int(exc.code)  # type: ignore[arg-type]
     except (MemoryError, ImportError, RuntimeError, SystemError) as exc:  # memory ran out? else re-raised
         line = out_of_memory_line(exc)
         if line is None:
@@ -485,19 +491,17 @@ def main(argv: list[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` in the main thread for the block (elsewhere: no change)."""
-
-    def terminate(signum: int, frame: Any) -> None:
-        raise Terminated
-
+    """SIGTERM, SIGHUP and SIGQUIT raise :class:`Terminated` in the main thread for the block (elsewhere: no
+    change): each ends a command as Ctrl-C does."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = stop_signals_raise()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _os_error_line(exc: OSError, hint: str | None) -> str:

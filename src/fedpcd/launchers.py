@@ -44,7 +44,7 @@ from types import TracebackType
 from typing import Any
 
 from fedpcd.errors import Terminated, UserError, choices, clip
-from fedpcd.procs_guard import POLL_S, die_with_parent
+from fedpcd.procs_guard import POLL_S, die_with_parent, stop_signals_raise
 
 RunResult = tuple[str, float | None, float]  # what sweep._run_one returns: folder, summary wall time, seconds
 RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep._run_one, handed in (it imports this module)
@@ -130,6 +130,7 @@ def _start_job(parent: int, cores: int) -> None:
     from fedpcd.engine.pool import CORES_VAR
 
     die_with_parent(parent)
+    stop_signals_raise()  # a closed terminal's SIGHUP, Ctrl-\: the run stops as on Ctrl-C, its lock released
     os.environ[CORES_VAR] = str(cores)
 
 

@@ -23,6 +23,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from fedpcd.errors import STOP_SIGNALS, Terminated
 
 try:  # at import, not when memory has run out (it is a shared library)
     import resource
@@ -31,6 +34,16 @@ except ImportError:  # not on Unix
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 POLL_S = 1.0  # the watchdog's polling interval where there is no parent-death signal
+
+
+def stop_signals_raise() -> dict[int, Any]:
+    """Make each of ``STOP_SIGNALS`` (SIGTERM, SIGHUP, SIGQUIT) raise :class:`Terminated` in the main thread,
+    as Ctrl-C raises KeyboardInterrupt; returns the handlers it replaced (to put back)."""
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    return {sig: signal.signal(sig, terminate) for sig in STOP_SIGNALS}
 
 
 def _parent_death_signal() -> bool:
