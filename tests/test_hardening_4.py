@@ -278,3 +278,56 @@ def _lines(path: Path) -> int:
         return path.read_text().count("\n")
     except OSError:
         return 0
+
+
+# ----- 6. SIGKILL during start-up: the folder restarts, no temp file stays ----------------------------------
+
+_KILL_AT = """
+import os, signal, sys
+import fedpcd.engine.rounds, fedpcd.utils
+from fedpcd.cli import main
+at = sys.argv[1]
+if at == "data":  # while the data loads, before any run file is written
+    fedpcd.engine.rounds.build_federation = lambda config: os.kill(os.getpid(), signal.SIGKILL)
+else:  # between writing a run file's temp file and renaming it into place
+    replace = os.replace
+    def killing(src, dst):
+        if str(dst).endswith(at):
+            os.kill(os.getpid(), signal.SIGKILL)
+        replace(src, dst)
+    fedpcd.utils.os.replace = killing
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("at", ["data", "config.yaml", "partition.json"])
+def test_a_run_killed_during_start_up_restarts_as_readme_says(tmp_path, at):
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    argv = ["run", "--quiet", *TINY, "rounds=1"]
+    assert _cli([*argv, f"output_dir={ref}"], timeout=180).returncode == 0
+    env = {**os.environ, "PYTHONPATH": SRC}
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILL_AT, at, *argv, f"output_dir={out}"],
+        capture_output=True,
+        env=env,
+        timeout=180,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    if at == "partition.json":  # config.yaml is in place: the resume restarts it from round 0
+        again = _cli(["run", "--quiet", "--resume", str(out)], timeout=180)
+    else:  # nothing to resume: the resume says so in one line, and the same command starts it again
+        line = _one_error_line(_cli(["run", "--quiet", "--resume", str(out)], timeout=60))
+        assert line == (
+            f"fedpcd: error: {out} was stopped before its run started (no config.yaml yet): start it again "
+            "with the same fedpcd run command (same config and output_dir)"
+        )
+        again = _cli([*argv, f"output_dir={out}"], timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert _without_wall(out) == _without_wall(ref)
+    assert not [p.name for p in out.rglob("*.tmp")]
+
+
+def _without_wall(run: Path) -> list[dict[str, object]]:
+    """A run's metrics.jsonl records without their wall times (the rest is bitwise reproducible)."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in records]

@@ -251,6 +251,7 @@ class RunDir(RunFiles):
             with writing(path):
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                self._remove_stale_temps()
             _HELD[key] = 1
             try:
                 yield
@@ -260,6 +261,14 @@ class RunDir(RunFiles):
                     os.ftruncate(fd, 0)  # released cleanly (still held while emptied)
         finally:
             os.close(fd)  # releases the lock
+
+    def _remove_stale_temps(self) -> None:
+        """Remove the temp files of atomic writes (``.config.yaml.*.tmp``, ...) that a process killed while
+        writing left in the folder: with the lock held, no other process is writing them."""
+        prefixes = tuple(f".{p.name}." for p in self.written() if p.parent == self.path)
+        for temp in self.path.glob(".*.tmp"):  # atomic_write's temp files: .NAME.RANDOM.tmp
+            if temp.name.startswith(prefixes):
+                temp.unlink(missing_ok=True)
 
     def create(self, config: Config, partition_json: dict[str, Any], restart: bool = False) -> None:
         """Start a fresh run directory; refuse one that already holds a run (``restart``: rewrite the files
