@@ -331,3 +331,73 @@ def _without_wall(run: Path) -> list[dict[str, object]]:
     """A run's metrics.jsonl records without their wall times (the rest is bitwise reproducible)."""
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in records]
+
+
+# ----- 2. a dead sweep worker: its run retried once on a fresh worker, then failed; the sweep goes on ----
+
+
+def _sweep_file(tmp_path: Path, rounds: int) -> Path:
+    path = tmp_path / "sweep.yaml"
+    base = {"output_dir": str(tmp_path / "s"), "rounds": rounds, "engine": {"checkpoint_every": 1}}
+    path.write_text(yaml.safe_dump({**base, "sweep": {"seed": [0, 1]}}))
+    return path
+
+
+def test_a_sweep_worker_killed_mid_run_is_retried_on_a_fresh_worker(tmp_path):
+    from fedpcd.flower import procs
+
+    path = _sweep_file(tmp_path, rounds=30)
+    env = {**os.environ, "PYTHONPATH": SRC}
+    argv = [sys.executable, "-m", "fedpcd.cli", "sweep", "--config", str(path), "--jobs", "2", *TINY]
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
+    try:
+        metrics = tmp_path / "s" / "seed0" / "metrics.jsonl"
+        while proc.poll() is None and _lines(metrics) < 1:
+            time.sleep(0.1)
+        holder = int((tmp_path / "s" / "seed0" / ".lock").read_text())  # the worker running seed0
+        assert holder in {p[0] for p in procs.descendants(proc.pid)}
+        os.kill(holder, signal.SIGKILL)
+        assert proc.wait(timeout=300) == 0, (tmp_path / "err").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout, stderr = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    assert f"retry {tmp_path / 's' / 'seed0'}: its worker process died; once more" in stdout
+    assert "Traceback" not in stderr and "sweep: all 2 runs finished" in stdout
+    assert all((tmp_path / "s" / f"seed{i}" / "summary.json").is_file() for i in (0, 1))
+
+
+_WORKER_ONLY_EXIT = """
+import multiprocessing, os
+if multiprocessing.parent_process() is not None:  # a sweep's worker process only
+    os._exit(0)
+"""
+
+
+def test_a_plugin_that_ends_every_worker_fails_its_runs_with_a_one_line_summary(tmp_path):
+    site = tmp_path / "site"
+    (site / "fedpcd_exit-0.1.dist-info").mkdir(parents=True)
+    (site / "fedpcd_exit-0.1.dist-info" / "METADATA").write_text("Name: fedpcd-exit\nVersion: 0.1\n")
+    (site / "fedpcd_exit-0.1.dist-info" / "entry_points.txt").write_text(
+        "[fedpcd.models]\nexit = fedpcd_exit\n"
+    )
+    (site / "fedpcd_exit.py").write_text(_WORKER_ONLY_EXIT)
+    path = _sweep_file(tmp_path, rounds=1)
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{site}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedpcd.cli", "sweep", "--config", str(path), "--jobs", "2", *TINY],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.count("its worker process died; once more") == 2
+    failed = [line for line in proc.stderr.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 2 and all(
+        line.endswith("(killed, or code in it ended the process)") for line in failed
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("fedpcd: error: ")]
+    assert len(errors) == 1 and errors[0].startswith("fedpcd: error: sweep: 2 of 2 runs failed, 0 finished")

@@ -426,18 +426,27 @@ def _run_launched(
     finished: Callable[[str, Callable[[], tuple[str, float | None, float]]], None],
 ) -> None:
     """Run ``todo`` through ``launcher``, ``launcher.slots`` at a time (in order), calling ``finished`` as
-    each ends; a run counts as running once the launcher says it started."""
+    each ends; a run counts as running once the launcher says it started. A run whose process died
+    (``launcher.lost``: a kill, a plugin ending the process) runs once more, on a fresh worker (resuming
+    from its checkpoint); lost again, it is a failed run."""
     queue = list(reversed(todo))
-    active: dict[Any, Config] = {}
+    active: dict[Any, tuple[Config, bool]] = {}
+    retried: set[str] = set()
     while queue or active:
         while queue and (launcher.slots is None or len(active) < launcher.slots):
             cfg, resume = queue.pop()
-            active[launcher.submit(_run_one, cfg.to_dict(), resume)] = cfg
+            active[launcher.submit(_run_one, cfg.to_dict(), resume)] = (cfg, resume)
         ended, running = launcher.wait(list(active), timeout=1.0)
         for handle in running:
-            progress.start(active[handle])
+            progress.start(active[handle][0])
         for handle in ended:
-            finished(active.pop(handle).output_dir, lambda h=handle: launcher.result(h))
+            cfg, resume = active.pop(handle)
+            if launcher.lost(handle) and cfg.output_dir not in retried:
+                retried.add(cfg.output_dir)
+                print(f"retry {show_text(cfg.output_dir)}: its worker process died; once more", flush=True)
+                queue.append((cfg, resume))
+                continue
+            finished(cfg.output_dir, lambda h=handle: launcher.result(h))
 
 
 # ----- the results index ----------------------------------------------------------------------------------
