@@ -368,21 +368,25 @@ def test_a_sweep_worker_killed_mid_run_is_retried_on_a_fresh_worker(tmp_path):
     assert all((tmp_path / "s" / f"seed{i}" / "summary.json").is_file() for i in (0, 1))
 
 
-_WORKER_ONLY_EXIT = """
-import multiprocessing, os
+_WORKER_ONLY_KILL = """
+import multiprocessing, os, signal
 if multiprocessing.parent_process() is not None:  # a sweep's worker process only
-    os._exit(0)
+    os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_a_plugin_that_ends_every_worker_fails_its_runs_with_a_one_line_summary(tmp_path):
+def _plugin(site: Path, code: str) -> None:
+    """An installed plugin (a dist-info with its entry point, and its module) in the folder ``site``."""
+    info = site / "fedpcd_exit-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Name: fedpcd-exit\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[fedpcd.models]\nexit = fedpcd_exit\n")
+    (site / "fedpcd_exit.py").write_text(code)
+
+
+def test_a_plugin_that_kills_every_worker_fails_its_runs_with_a_one_line_summary(tmp_path):
     site = tmp_path / "site"
-    (site / "fedpcd_exit-0.1.dist-info").mkdir(parents=True)
-    (site / "fedpcd_exit-0.1.dist-info" / "METADATA").write_text("Name: fedpcd-exit\nVersion: 0.1\n")
-    (site / "fedpcd_exit-0.1.dist-info" / "entry_points.txt").write_text(
-        "[fedpcd.models]\nexit = fedpcd_exit\n"
-    )
-    (site / "fedpcd_exit.py").write_text(_WORKER_ONLY_EXIT)
+    _plugin(site, _WORKER_ONLY_KILL)
     path = _sweep_file(tmp_path, rounds=1)
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{site}"}
     proc = subprocess.run(
@@ -401,3 +405,23 @@ def test_a_plugin_that_ends_every_worker_fails_its_runs_with_a_one_line_summary(
     )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fedpcd: error: ")]
     assert len(errors) == 1 and errors[0].startswith("fedpcd: error: sweep: 2 of 2 runs failed, 0 finished")
+
+
+# ----- 10. a plugin that ends the process at import ---------------------------------------------------------
+
+
+def test_a_plugin_calling_os_exit_at_import_is_a_failed_plugin_not_a_silent_exit_0(tmp_path):
+    site = tmp_path / "site"
+    _plugin(site, "import os\nos._exit(0)\n")
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{site}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedpcd.cli", "run", *TINY, "rounds=1", f"output_dir={tmp_path / 'r'}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert _one_error_line(proc) == (
+        "fedpcd: error: plugin 'exit' (fedpcd.models = fedpcd_exit from fedpcd-exit) failed to load: "
+        "PluginExit: it called os._exit(0) while imported"
+    )
