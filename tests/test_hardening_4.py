@@ -425,3 +425,25 @@ def test_a_plugin_calling_os_exit_at_import_is_a_failed_plugin_not_a_silent_exit
         "fedpcd: error: plugin 'exit' (fedpcd.models = fedpcd_exit from fedpcd-exit) failed to load: "
         "PluginExit: it called os._exit(0) while imported"
     )
+
+
+# ----- partition.json is part of what a checkpoint vouches for ----------------------------------------------
+
+
+def test_a_partition_json_changed_since_the_checkpoint_is_refused_at_resume(tmp_path):
+    out = tmp_path / "run"
+    argv = ["run", "--quiet", *TINY, "rounds=1", "engine.checkpoint_every=1", f"output_dir={out}"]
+    assert _cli(argv, timeout=180).returncode == 0
+    more = ["run", "--quiet", "--resume", str(out), "--allow-config-change", "rounds"]
+    config = (out / "config.yaml").read_text()
+    (out / "config.yaml").write_text(config.replace("rounds: 1\n", "rounds: 2\n"))
+    partition = json.loads((out / "partition.json").read_text())
+    (out / "partition.json").write_text(json.dumps(partition, indent=1))  # same data, other bytes: changed
+    line = _one_error_line(_cli(more, timeout=120))
+    assert line == (
+        f"fedpcd: error: {out}/partition.json changed since the checkpoint (its SHA-256 differs): a run "
+        "cannot go on with another partition; restore the file or start a new run"
+    )
+    (out / "partition.json").write_text(json.dumps(partition))  # as the run wrote it: it goes on
+    assert _cli(more, timeout=180).returncode == 0
+    assert [r["round"] for r in _without_wall(out)] == [1, 2]
