@@ -447,3 +447,20 @@ def test_a_partition_json_changed_since_the_checkpoint_is_refused_at_resume(tmp_
     (out / "partition.json").write_text(json.dumps(partition))  # as the run wrote it: it goes on
     assert _cli(more, timeout=180).returncode == 0
     assert [r["round"] for r in _without_wall(out)] == [1, 2]
+
+
+# ----- found by benchmarks/chaos.py: shared memory that cannot grow is one line, not a traceback -----------
+
+
+def test_a_shared_memory_file_that_cannot_grow_is_one_line():
+    from fedpcd.procs_guard import out_of_memory_line
+
+    exc = RuntimeError(
+        "unable to resize file </torch_7499_2285932653_4> to the right size: File too large (27)"
+    )
+    line = out_of_memory_line(exc)
+    assert line is not None and line.startswith(
+        "out of shared memory: tensors sent to worker processes did not fit in /dev/shm (full, or over the file "
+        "size limit, ulimit -f); free space there, or make the run smaller"
+    )
+    assert out_of_memory_line(RuntimeError("unable to open file")) is None

@@ -114,6 +114,11 @@ def _address_space_limit() -> int | None:
     return min(finite) if finite else None
 
 
+_SHARED_FILE = (
+    "unable to resize file"  # torch: a tensor's shared-memory file could not grow (/dev/shm, ulimit -f)
+)
+
+
 def _lack_of_memory(exc: BaseException, limited: bool) -> bool:
     """Whether this one exception says memory ran out (under an address-space limit if ``limited``)."""
     if isinstance(exc, MemoryError):
@@ -123,7 +128,7 @@ def _lack_of_memory(exc: BaseException, limited: bool) -> bool:
     if not isinstance(exc, (ImportError, RuntimeError, SystemError)):
         return False
     text = str(exc).lower()
-    if any(t in text for t in _NO_MEMORY_TEXTS):
+    if any(t in text for t in _NO_MEMORY_TEXTS) or _SHARED_FILE in text:
         return True
     # without a limit, a library that cannot be mapped is more likely on a noexec mount; an import that
     # fails without an exception (SystemError) is CPython's allocator failing inside the import machinery
@@ -147,6 +152,11 @@ def out_of_memory_line(exc: BaseException) -> str | None:
         todo += [current.__cause__, current.__context__]
     else:
         return None
+    if isinstance(current, RuntimeError) and _SHARED_FILE in str(current):
+        return (
+            "out of shared memory: tensors sent to worker processes did not fit in /dev/shm (full, or over "
+            f"the file size limit, ulimit -f); free space there, or {_SMALLER_RUN}"
+        )
     if limit is None:
         return f"out of memory; free memory, or {_SMALLER_RUN}"
     return (
