@@ -13,8 +13,9 @@ Then the documented recovery: ``fedpcd run --resume`` for a run folder holding a
 ``fedpcd run`` command for one stopped before it wrote one, the same ``fedpcd sweep`` command for a sweep.
 Each fault is checked against an uninterrupted reference run of the same config: metrics.jsonl equal (but
 wall times), the csv tracker's metrics.csv equal (but wall times), no process of the faulted command left,
-no temp file left, no traceback (every failure is one line). Prints a line per fault and ``faults injected / survived / data lost``; exits 1 when a
-fault was not survived (a check failed) or lost data (metrics differ or could not be recovered).
+no temp file left, no traceback (every failure is one line). Prints a line per fault and ``faults injected /
+survived / data lost``; exits 1 when a fault was not survived (a check failed) or lost data (metrics differ
+or could not be recovered).
 
 Not covered here: faults of a Flower run (its Ray start-up alone takes longer than these runs), a hung
 Flower client.

@@ -460,7 +460,7 @@ def test_a_shared_memory_file_that_cannot_grow_is_one_line():
     )
     line = out_of_memory_line(exc)
     assert line is not None and line.startswith(
-        "out of shared memory: tensors sent to worker processes did not fit in /dev/shm (full, or over the file "
-        "size limit, ulimit -f); free space there, or make the run smaller"
+        "out of shared memory: tensors sent to worker processes did not fit in /dev/shm (full, or over the "
+        "file size limit, ulimit -f); free space there, or make the run smaller"
     )
     assert out_of_memory_line(RuntimeError("unable to open file")) is None
