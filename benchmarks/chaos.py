@@ -6,8 +6,8 @@ process group, as a terminal's Ctrl-C), SIGTERM or SIGHUP (to the command's proc
 - ``run``: a run (``fedpcd run``);
 - ``workers``: a run with ``engine.workers=2`` (a pool of client processes);
 - ``sweep``: a sweep of two runs with ``--jobs 2`` (worker processes);
-- ``disk``: a run whose process may write files of at most 64 KiB (``RLIMIT_FSIZE``, as a full disk: its
-  checkpoint write fails; no root mounts needed), no signal.
+- ``disk``: a run whose process may write files of at most a random size of 1 to 128 KiB (``RLIMIT_FSIZE``:
+  the first write past it fails as on a full disk; no root mounts needed), no signal.
 
 Then the documented recovery: ``fedpcd run --resume`` for a run folder holding a config.yaml, the same
 ``fedpcd run`` command for one stopped before it wrote one, the same ``fedpcd sweep`` command for a sweep.
@@ -30,6 +30,7 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
 import random
 import resource
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +48,7 @@ import yaml
 
 SIGNALS = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 KINDS = ("run", "workers", "sweep", "disk")
-DISK_LIMIT = 64 * 1024  # bytes a file of the "disk" fault may reach
+DISK_LIMITS = (2**10, 2**17)  # a "disk" fault's largest file: log-uniform between these (bytes)
 DATA = {  # tiny runs: a few seconds each
     "fmnist": ["dataset.name=fmnist", "dataset.train_fraction=0.02"],
     "synthetic": ["dataset.name=synthetic"],
@@ -67,6 +69,7 @@ class Fault:
     kind: str
     sig: int | None  # None: the "disk" fault
     at: float  # seconds after the start
+    disk: int | None = None  # the "disk" fault's file size limit (bytes)
 
 
 def fedpcd(*argv: str) -> list[str]:
@@ -99,10 +102,14 @@ def csv_rows(run: Path) -> list[dict[str, str]]:
     return [{k: v for k, v in row.items() if k != "wall_s"} for row in rows]
 
 
-def limit_file_size() -> None:
-    """In the child: files of at most DISK_LIMIT bytes (a write past it fails with EFBIG: a full disk)."""
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (DISK_LIMIT, DISK_LIMIT))
+def file_size_limit(limit: int) -> Callable[[], None]:
+    """For the child: files of at most ``limit`` bytes (a write past it fails with EFBIG: a full disk)."""
+
+    def set_limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return set_limit
 
 
 def watch(proc: subprocess.Popen[bytes], seen: set[int], until: float | None) -> None:
@@ -113,21 +120,21 @@ def watch(proc: subprocess.Popen[bytes], seen: set[int], until: float | None) ->
         time.sleep(0.05)
 
 
-def start(argv: list[str], log: Path, disk: bool = False) -> subprocess.Popen[bytes]:
+def start(argv: list[str], log: Path, disk: int | None = None) -> subprocess.Popen[bytes]:
     with open(log, "ab") as fh:
         return subprocess.Popen(
             argv,
             stdout=fh,
             stderr=fh,
             start_new_session=True,  # a group of its own: its Ctrl-C reaches it and its children only
-            preexec_fn=limit_file_size if disk else None,  # noqa: PLW1509 - a resource limit, no threads yet
+            preexec_fn=file_size_limit(disk) if disk else None,  # noqa: PLW1509 - a resource limit, no threads yet
         )
 
 
 def inject(fault: Fault, argv: list[str], log: Path) -> tuple[int, set[int]]:
     """Run ``argv``, hit it as ``fault`` says; (its exit code, the pids of every process it started)."""
     seen: set[int] = set()
-    proc = start(argv, log, disk=fault.kind == "disk")
+    proc = start(argv, log, disk=fault.disk)
     watch(proc, seen, time.monotonic() + fault.at)
     if proc.poll() is None and fault.sig is not None:
         if fault.sig == signal.SIGINT:
@@ -166,8 +173,12 @@ def left_processes(pids: set[int], timeout: float = 10.0) -> list[int]:
 def check(kind: str, out: Path, reference: Path, pids: set[int], log: Path) -> tuple[list[str], bool]:
     """(the problems found, whether metrics were lost) after the recovery of a fault."""
     problems, lost = [], False
-    if "Traceback" in log.read_text(errors="replace"):  # every failure is one line
-        problems.append(f"a traceback in {log}")
+    text = log.read_text(errors="replace")
+    if "Traceback" in text:  # every failure is one line
+        last = [
+            line for line in text.split("Traceback", 1)[1].splitlines() if line and not line.startswith(" ")
+        ]
+        problems.append(f"a traceback in {log} ({last[-1] if last else '?'})")
     for run, ref in zip(run_folders(kind, out), run_folders(kind, reference), strict=True):
         try:
             if records(run) != records(ref):
@@ -213,9 +224,11 @@ def chaos(root: Path, faults: int, rng: random.Random, data: list[str]) -> int:
     survived = lost = 0
     for i, kind in enumerate(plan, 1):
         like = "run" if kind == "disk" else kind
-        fault = Fault(
-            kind, None if kind == "disk" else rng.choice(SIGNALS), rng.uniform(0.1, 1.0) * seconds[like]
-        )
+        at = rng.uniform(0.1, 1.0) * seconds[like]
+        if kind == "disk":
+            fault = Fault(kind, None, at, int(math.exp(rng.uniform(*map(math.log, DISK_LIMITS)))))
+        else:
+            fault = Fault(kind, rng.choice(SIGNALS), at)
         out = root / f"fault{i:03d}-{kind}"
         argv = command(like, out, data)
         log = root / f"fault{i:03d}-{kind}.log"
@@ -226,7 +239,7 @@ def chaos(root: Path, faults: int, rng: random.Random, data: list[str]) -> int:
             problems.insert(0, f"recovery exited with {recovered} (see {log})")
             lost_here = True
         what = (
-            "file size limit"
+            f"files <= {fault.disk} bytes"
             if fault.sig is None
             else f"{signal.Signals(fault.sig).name} at {fault.at:.1f} s"
         )
