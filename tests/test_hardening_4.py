@@ -464,3 +464,20 @@ def test_a_shared_memory_file_that_cannot_grow_is_one_line():
         "file size limit, ulimit -f); free space there, or make the run smaller"
     )
     assert out_of_memory_line(RuntimeError("unable to open file")) is None
+
+
+def test_a_pool_worker_starts_with_ctrl_c_ignored_and_this_process_keeps_its_handler():
+    """Found by benchmarks/chaos.py: a terminal's Ctrl-C while a pool worker still imported torch printed its
+    KeyboardInterrupt traceback. Workers started inside ``children_ignore_ctrl_c`` start with SIGINT ignored
+    (their initializer then says what Ctrl-C does there)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fedpcd.procs_guard import children_ignore_ctrl_c
+
+    before = signal.getsignal(signal.SIGINT)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with children_ignore_ctrl_c():
+            future = pool.submit(signal.getsignal, signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is before
+        assert future.result(timeout=60) == signal.SIG_IGN

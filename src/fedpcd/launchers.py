@@ -44,8 +44,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fedpcd.errors import Terminated, UserError, choices, clip
-from fedpcd.procs_guard import POLL_S, die_with_parent, stop_signals_raise
+from fedpcd.errors import STOP_SIGNALS, Terminated, UserError, choices, clip
+from fedpcd.procs_guard import POLL_S, children_ignore_ctrl_c, die_with_parent
 
 RunResult = tuple[str, float | None, float]  # what sweep._run_one returns: folder, summary wall time, seconds
 RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep._run_one, handed in (it imports this module)
@@ -136,8 +136,32 @@ def _start_job(parent: int, cores: int) -> None:
     from fedpcd.engine.pool import CORES_VAR
 
     die_with_parent(parent)
-    stop_signals_raise()  # a closed terminal's SIGHUP, Ctrl-\: the run stops as on Ctrl-C, its lock released
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
+        signal.signal(sig, _worker_signal)
     os.environ[CORES_VAR] = str(cores)
+
+
+_IN_RUN = threading.Event()  # in a sweep worker: set while it runs a run
+
+
+def _worker_signal(signum: int, frame: Any) -> None:
+    """A sweep worker's Ctrl-C, SIGTERM, SIGHUP or SIGQUIT: in a run, it stops as the command's own process
+    does (KeyboardInterrupt, :class:`Terminated`: its lock released); idle, the worker exits quietly (no
+    KeyboardInterrupt traceback from the pool's wait for work)."""
+    if not _IN_RUN.is_set():
+        raise SystemExit(128 + signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
+def _run_in_worker(run: RunOne, config_data: dict[str, Any], resume: bool) -> RunResult:
+    """``run`` in a sweep worker, marked as running for :func:`_worker_signal`."""
+    _IN_RUN.set()
+    try:
+        return run(config_data, resume)
+    finally:
+        _IN_RUN.clear()
 
 
 class WorkerDied(RuntimeError):
@@ -171,12 +195,13 @@ class LocalLauncher(Launcher):
 
     def submit(self, run: RunOne, config_data: dict[str, Any], resume: bool) -> Future[RunResult]:
         assert self._pool is not None
-        try:
-            return self._pool.submit(run, config_data, resume)
-        except BrokenProcessPool:  # a worker died: its pool takes no more runs
-            self._pool.shutdown(wait=True)
-            self._pool = self._new_pool()
-            return self._pool.submit(run, config_data, resume)
+        with children_ignore_ctrl_c():  # a worker it starts: no traceback on Ctrl-C at start-up
+            try:
+                return self._pool.submit(_run_in_worker, run, config_data, resume)
+            except BrokenProcessPool:  # a worker died: its pool takes no more runs
+                self._pool.shutdown(wait=True)
+                self._pool = self._new_pool()
+                return self._pool.submit(_run_in_worker, run, config_data, resume)
 
     def wait(self, handles: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
         done, pending = wait(handles, timeout=timeout, return_when=FIRST_COMPLETED)

@@ -16,13 +16,14 @@ line says so in one line instead of a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fedpcd.errors import STOP_SIGNALS, Terminated
@@ -34,6 +35,23 @@ except ImportError:  # not on Unix
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 POLL_S = 1.0  # the watchdog's polling interval where there is no parent-death signal
+
+
+@contextlib.contextmanager
+def children_ignore_ctrl_c() -> Iterator[None]:
+    """Ctrl-C ignored while the block starts processes (a pool's ``submit``): a spawned child starts with
+    SIGINT ignored (Python keeps an ignored SIGINT it inherits), so a terminal's Ctrl-C while it imports torch
+    prints no KeyboardInterrupt traceback from it; its initializer says what Ctrl-C does there afterwards. A
+    Ctrl-C reaching this process inside the block (a fork and exec, milliseconds) is ignored. Main thread
+    only (elsewhere: no change)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def stop_signals_raise() -> dict[int, Any]:
