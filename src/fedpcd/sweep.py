@@ -32,10 +32,10 @@ fails (an exception, e.g. a diverging method) is reported and the sweep goes on 
 that cannot be run now (held by another fedpcd process, started without a checkpoint, or with a corrupt
 summary.json). A run whose worker process died (killed, or a plugin ended it) runs once more on a fresh
 worker, then counts as failed. The sweep succeeds (exit code 0) when every run of its grid is finished at its
-end, whoever finished it; otherwise it ends with one line counting the runs that failed, were skipped and finished.
-While it runs, a progress line (runs finished, running with their last evaluated round, failed, and an ETA
-from the wall times of the runs finished so far) is printed as each run ends and every ``PROGRESS_EVERY``
-seconds between.
+end, whoever finished it; otherwise it ends with one line counting the runs that failed, were skipped and
+finished. While it runs, a progress line (runs finished, running with their last evaluated round, failed, and
+an ETA from the wall times of the runs finished so far) is printed as each run ends and every
+``PROGRESS_EVERY`` seconds between.
 
 Where the runs execute is the launcher's business (``fedpcd.launchers``: this process, a pool of worker
 processes, Ray, Slurm): it only runs ``_run_one``; everything above is the same for each.
