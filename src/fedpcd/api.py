@@ -427,10 +427,12 @@ def load_index(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
             and the config, partition and summary as JSON text).
 
     Raises:
-        UserError: A missing or unreadable index.
+        UserError: A missing or unreadable index, or a row with a value out of its schema
+            (``fedpcd.run_schema.IndexRow``), naming the row and the field.
     """
     import pandas as pd
 
+    from fedpcd.run_schema import IndexRow, check
     from fedpcd.sweep import INDEX_COLUMNS, INDEX_FILE
 
     path = Path(sweep_dir)
@@ -440,9 +442,16 @@ def load_index(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
     query = f"SELECT {', '.join(INDEX_COLUMNS)} FROM runs ORDER BY output_dir"
     try:
         with contextlib.closing(sqlite3.connect(f"{index.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            return pd.read_sql_query(query, db)
-    except (sqlite3.Error, pd.errors.DatabaseError) as exc:
+            rows = db.execute(query).fetchall()
+    except sqlite3.Error as exc:
         raise UserError(f"cannot read the sweep index {show_path(index)}: {clip(str(exc))}") from None
+    for row in rows:  # each row's values within the schema's bounds before they reach a table
+        check(
+            IndexRow,
+            dict(zip(INDEX_COLUMNS, row, strict=True)),
+            f"sweep index {show_path(index)} row {row[0]!r}",
+        )
+    return pd.DataFrame.from_records(rows, columns=list(INDEX_COLUMNS), coerce_float=True)
 
 
 def partition(

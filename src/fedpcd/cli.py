@@ -16,8 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd import __version__
-from fedpcd.errors import Terminated, UserError
-from fedpcd.procs_guard import out_of_memory_line  # at start: under a memory limit a late import fails
+from fedpcd.errors import STOP_SIGNALS, Terminated, UserError
+from fedpcd.procs_guard import (
+    out_of_memory_line,
+    stop_signals_raise,
+)  # at start: under a memory limit a late import fails
+from fedpcd.utils import show_text
 
 # Only the standard library and fedpcd's light modules load at import: `fedpcd --help`, a missing config,
 # `init` and `list configs` answer without torch; each command imports what it needs once its input is read.
@@ -65,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         summary = run_experiment(config, progress=not args.quiet)
         out = config.output_dir
     print(_summary_table(summary))
-    print(f"run directory: {out}  ({summary['wall_s']:.1f} s)")
+    print(f"run directory: {show_text(out)}  ({summary['wall_s']:.1f} s)")
 
 
 def cmd_partition(args: argparse.Namespace) -> None:
@@ -89,10 +93,10 @@ def cmd_partition(args: argparse.Namespace) -> None:
     print(partition_table(part, train_y, test_y))
     if args.json:
         atomic_write_text(args.json, json.dumps(partition_json(part, train_y, test_y)))
-        print(f"wrote {args.json}")
+        print(f"wrote {show_text(args.json)}")
     if args.plot:
         plot_partition(part, train_y, args.plot)
-        print(f"wrote {args.plot}")
+        print(f"wrote {show_text(args.plot)}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
@@ -100,7 +104,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
     if args.dry_run:
         for cfg in expand_sweep(args.config, args.overrides):
-            print(f"{run_status(cfg):<7} {cfg.output_dir}")
+            print(f"{run_status(cfg):<7} {show_text(cfg.output_dir)}")
         return
     where = [] if args.launcher == "local" else ["--launcher", args.launcher]
     where += [*(["--address", args.address] if args.address else []), *(f"--slurm={s}" for s in args.slurm)]
@@ -129,7 +133,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     if args.print or not args.out:
         print(report.markdown, end="")
     for path in report.files:  # the files this report wrote, the markdown first
-        print(f"wrote {path}")
+        print(f"wrote {show_text(path)}")
 
 
 def cmd_list(args: argparse.Namespace) -> None:
@@ -464,19 +468,22 @@ def main(argv: list[str] | None = None) -> int:
                 args.config = config_path(args.config)
             args.func(args)
     except UserError as exc:
-        print(f"fedpcd: error: {exc}", file=sys.stderr)
+        print(f"fedpcd: error: {show_text(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return 0
-    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, SIGTERM; SIGTERM in a Flower run: SystemExit(15)
-        if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
+    except (
+        KeyboardInterrupt,
+        SystemExit,
+    ) as exc:  # Ctrl-C, STOP_SIGNALS; in a Flower run: SystemExit(signum)
+        if isinstance(exc, SystemExit) and exc.code not in STOP_SIGNALS:
             raise
         hint = getattr(args, "resume_hint", None)
-        print(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}", file=sys.stderr)
+        print(show_text(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}"), file=sys.stderr)
         if isinstance(exc, Terminated):
-            return 128 + int(signal.SIGTERM)
-        return 130 if isinstance(exc, KeyboardInterrupt) else int(signal.SIGTERM)
+            return 128 + int(exc.signum)
+        return 130 if isinstance(exc, KeyboardInterrupt) else int(exc.code)  # type: ignore[arg-type]
     except (MemoryError, ImportError, RuntimeError, SystemError) as exc:  # memory ran out? else re-raised
         line = out_of_memory_line(exc)
         if line is None:
@@ -484,26 +491,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedpcd: error: {line}", file=sys.stderr)
         return 2
     except OSError as exc:  # one the commands did not turn into a line of their own
-        print(f"fedpcd: error: {_os_error_line(exc, getattr(args, 'resume_hint', None))}", file=sys.stderr)
+        line = show_text(_os_error_line(exc, getattr(args, "resume_hint", None)))
+        print(f"fedpcd: error: {line}", file=sys.stderr)
         return 2
     return 0
 
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` in the main thread for the block (elsewhere: no change)."""
-
-    def terminate(signum: int, frame: Any) -> None:
-        raise Terminated
-
+    """SIGTERM, SIGHUP and SIGQUIT raise :class:`Terminated` in the main thread for the block (elsewhere: no
+    change): each ends a command as Ctrl-C does."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = stop_signals_raise()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _os_error_line(exc: OSError, hint: str | None) -> str:

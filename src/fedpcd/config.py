@@ -563,7 +563,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """A run directory's config.yaml as :func:`load_config` reads it, with the :data:`LEGACY_DEFAULTS` of the
     keys it lacks (it was written before they existed): the config the run was made with."""
-    raw = read_yaml(path)
+    raw = read_yaml(path, links=False)
     raw = {**LEGACY_DEFAULTS, **raw} if isinstance(raw, dict) else raw
     return config_from_dict(apply_overrides(raw, parse_overrides(overrides or [])))
 

@@ -15,6 +15,7 @@ integers or float32 (what tensors hold) and hold no NUL character. Problems are 
 from __future__ import annotations
 
 import math
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import yaml
 
 from fedpcd.errors import UserError, clip, short
-from fedpcd.utils import show_path
+from fedpcd.utils import read_user_text, show_path
 
 MAX_DEPTH = 32  # nesting levels of a config (YAML file, override value, or the merged tree)
 MAX_CONFIG_BYTES = 256 * 1024  # a config or sweep file (the shipped ones are under 5 KB)
@@ -161,24 +162,15 @@ def config_path(value: str) -> str:
     raise UserError(f"{problem}; no shipped config has that name either (`fedpcd list configs` shows them)")
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML config file; a missing, unreadable, non-UTF-8 or non-mapping one: UserError."""
+def read_yaml(path: str | Path, links: bool = True) -> dict[str, Any]:
+    """The mapping in a YAML config file (read by :func:`fedpcd.utils.read_user_text`: at most
+    ``MAX_CONFIG_BYTES``, a regular file, with ``links=False`` never through a symbolic link: a run folder's
+    config.yaml); a missing, unreadable, non-UTF-8 or non-mapping one: UserError."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config file not found: {p}")
-    try:
-        with open(p, "rb") as fh:
-            data = fh.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise UserError(
-                f"config file {p} is over {MAX_CONFIG_BYTES // 1024} KiB; a config holds settings, not data: "
-                "put data in a file"
-            )
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"config file {p} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    except OSError as exc:
-        raise UserError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+    if not os.path.lexists(p):
+        raise UserError(f"config file not found: {show_path(p)}")
+    hint = "a config holds settings, not data: put data in a file"
+    text = read_user_text(p, "config file", MAX_CONFIG_BYTES, links, hint)
     try:
         tree = load_yaml(text)
     except yaml.YAMLError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import reprlib
+import signal
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 80
@@ -73,7 +74,18 @@ class RunInUseError(UserError):
     """A run directory is locked by another live fedpcd process (a second run or resume would interleave)."""
 
 
+# the signals besides SIGINT that end a process at a terminal (a closed terminal: SIGHUP; Ctrl-\: SIGQUIT)
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C: the run stops where it is, its lock released, its resume command said.
-    Unlike Ctrl-C at a terminal, which reaches every process of the foreground group, SIGTERM reached this
-    process only: whatever it started (a sweep's worker processes) is told to stop by it."""
+    """SIGTERM, SIGHUP or SIGQUIT (``STOP_SIGNALS``), handled as Ctrl-C: the run stops where it is, its lock
+    released, its resume command said; the command exits with 128 + the signal's number. Unlike Ctrl-C at a
+    terminal, which reaches every process of the foreground group, the signal may have reached this process
+    only: whatever it started (a sweep's worker processes) is told to stop by it."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -38,13 +38,14 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fedpcd.errors import Terminated, UserError, choices, clip
-from fedpcd.procs_guard import POLL_S, die_with_parent
+from fedpcd.errors import STOP_SIGNALS, Terminated, UserError, choices, clip
+from fedpcd.procs_guard import POLL_S, children_ignore_ctrl_c, die_with_parent
 
 RunResult = tuple[str, float | None, float]  # what sweep._run_one returns: folder, summary wall time, seconds
 RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep._run_one, handed in (it imports this module)
@@ -95,6 +96,11 @@ class Launcher:
         """An ended run's result; raises the run's exception where it failed."""
         raise NotImplementedError
 
+    def lost(self, handle: Any) -> bool:
+        """Whether an ended run ended because the process running it died (a kill, or code that ended the
+        process), not by an exception of its own: the sweep then runs it once more."""
+        return False
+
     def close(self) -> None:
         """Cancel the runs still going and release what the launcher started."""
 
@@ -130,39 +136,87 @@ def _start_job(parent: int, cores: int) -> None:
     from fedpcd.engine.pool import CORES_VAR
 
     die_with_parent(parent)
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
+        signal.signal(sig, _worker_signal)
     os.environ[CORES_VAR] = str(cores)
+
+
+_IN_RUN = threading.Event()  # in a sweep worker: set while it runs a run
+
+
+def _worker_signal(signum: int, frame: Any) -> None:
+    """A sweep worker's Ctrl-C, SIGTERM, SIGHUP or SIGQUIT: in a run, it stops as the command's own process
+    does (KeyboardInterrupt, :class:`Terminated`: its lock released); idle, the worker exits quietly (no
+    KeyboardInterrupt traceback from the pool's wait for work)."""
+    if not _IN_RUN.is_set():
+        raise SystemExit(128 + signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
+def _run_in_worker(run: RunOne, config_data: dict[str, Any], resume: bool) -> RunResult:
+    """``run`` in a sweep worker, marked as running for :func:`_worker_signal`."""
+    _IN_RUN.set()
+    try:
+        return run(config_data, resume)
+    finally:
+        _IN_RUN.clear()
+
+
+class WorkerDied(RuntimeError):
+    """The worker process that ran a sweep's run died before the run ended (killed, or ended by code)."""
 
 
 class LocalLauncher(Launcher):
     """``jobs`` spawned worker processes that die with this one; a run counts as running once a worker has
-    taken it."""
+    taken it. A worker that dies (``kill -9``, a plugin calling ``os._exit``) breaks the pool and every run
+    in it: those runs are :meth:`lost`, and the next ``submit`` starts a fresh pool."""
 
     def __init__(self, jobs: int) -> None:
         self.slots = self.parallel = jobs
+        self._share = 1
         self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> LocalLauncher:
         from fedpcd.engine.pool import usable_cores
 
-        share = max(1, usable_cores() // self.slots)  # each run's engine.workers: auto takes its share
-        self._pool = ProcessPoolExecutor(
-            self.slots, get_context("spawn"), initializer=_start_job, initargs=(os.getpid(), share)
-        )
+        self._share = max(1, usable_cores() // self.slots)  # each run's engine.workers: auto takes its share
+        self._pool = self._new_pool()
         return self
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            self.slots, get_context("spawn"), initializer=_start_job, initargs=(os.getpid(), self._share)
+        )
 
     def describe(self) -> str:
         return f"sweep: runs in {self.slots} worker processes on this machine"
 
     def submit(self, run: RunOne, config_data: dict[str, Any], resume: bool) -> Future[RunResult]:
         assert self._pool is not None
-        return self._pool.submit(run, config_data, resume)
+        with children_ignore_ctrl_c():  # a worker it starts: no traceback on Ctrl-C at start-up
+            try:
+                return self._pool.submit(_run_in_worker, run, config_data, resume)
+            except BrokenProcessPool:  # a worker died: its pool takes no more runs
+                self._pool.shutdown(wait=True)
+                self._pool = self._new_pool()
+                return self._pool.submit(_run_in_worker, run, config_data, resume)
 
     def wait(self, handles: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
         done, pending = wait(handles, timeout=timeout, return_when=FIRST_COMPLETED)
         return [f for f in handles if f in done], [f for f in handles if f in pending and f.running()]
 
     def result(self, handle: Future[RunResult]) -> RunResult:
-        return handle.result()
+        try:
+            return handle.result()
+        except BrokenProcessPool:
+            raise WorkerDied(
+                "its worker process died before the run ended (killed, or code in it ended the process)"
+            ) from None
+
+    def lost(self, handle: Future[RunResult]) -> bool:
+        return isinstance(handle.exception(), BrokenProcessPool)
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

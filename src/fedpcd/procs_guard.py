@@ -16,13 +16,17 @@ line says so in one line instead of a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fedpcd.errors import STOP_SIGNALS, Terminated
 
 try:  # at import, not when memory has run out (it is a shared library)
     import resource
@@ -31,6 +35,33 @@ except ImportError:  # not on Unix
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 POLL_S = 1.0  # the watchdog's polling interval where there is no parent-death signal
+
+
+@contextlib.contextmanager
+def children_ignore_ctrl_c() -> Iterator[None]:
+    """Ctrl-C ignored while the block starts processes (a pool's ``submit``): a spawned child starts with
+    SIGINT ignored (Python keeps an ignored SIGINT it inherits), so a terminal's Ctrl-C while it imports torch
+    prints no KeyboardInterrupt traceback from it; its initializer says what Ctrl-C does there afterwards. A
+    Ctrl-C reaching this process inside the block (a fork and exec, milliseconds) is ignored. Main thread
+    only (elsewhere: no change)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stop_signals_raise() -> dict[int, Any]:
+    """Make each of ``STOP_SIGNALS`` (SIGTERM, SIGHUP, SIGQUIT) raise :class:`Terminated` in the main thread,
+    as Ctrl-C raises KeyboardInterrupt; returns the handlers it replaced (to put back)."""
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    return {sig: signal.signal(sig, terminate) for sig in STOP_SIGNALS}
 
 
 def _parent_death_signal() -> bool:
@@ -101,6 +132,11 @@ def _address_space_limit() -> int | None:
     return min(finite) if finite else None
 
 
+_SHARED_FILE = (
+    "unable to resize file"  # torch: a tensor's shared-memory file could not grow (/dev/shm, ulimit -f)
+)
+
+
 def _lack_of_memory(exc: BaseException, limited: bool) -> bool:
     """Whether this one exception says memory ran out (under an address-space limit if ``limited``)."""
     if isinstance(exc, MemoryError):
@@ -110,7 +146,7 @@ def _lack_of_memory(exc: BaseException, limited: bool) -> bool:
     if not isinstance(exc, (ImportError, RuntimeError, SystemError)):
         return False
     text = str(exc).lower()
-    if any(t in text for t in _NO_MEMORY_TEXTS):
+    if any(t in text for t in _NO_MEMORY_TEXTS) or _SHARED_FILE in text:
         return True
     # without a limit, a library that cannot be mapped is more likely on a noexec mount; an import that
     # fails without an exception (SystemError) is CPython's allocator failing inside the import machinery
@@ -134,6 +170,11 @@ def out_of_memory_line(exc: BaseException) -> str | None:
         todo += [current.__cause__, current.__context__]
     else:
         return None
+    if isinstance(current, RuntimeError) and _SHARED_FILE in str(current):
+        return (
+            "out of shared memory: tensors sent to worker processes did not fit in /dev/shm (full, or over "
+            f"the file size limit, ulimit -f); free space there, or {_SMALLER_RUN}"
+        )
     if limit is None:
         return f"out of memory; free memory, or {_SMALLER_RUN}"
     return (

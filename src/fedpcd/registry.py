@@ -8,7 +8,9 @@ plugins once, the first time it is queried, after its built-ins; so every proces
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import threading
 from collections.abc import Callable, Iterator
 from importlib.metadata import EntryPoint, entry_points
@@ -39,6 +41,30 @@ def _load_error(ep: EntryPoint, err: BaseException) -> UserError:
     ``sys.exit()`` shows as SystemExit and its code)."""
     text = clip(" ".join(str(err).split()), 200)
     return UserError(f"plugin {_plugin_label(ep)} failed to load: {type(err).__name__}: {text}")
+
+
+class PluginExit(BaseException):
+    """A plugin called ``os._exit(code)`` while it was imported (raised instead of ending the process)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"it called os._exit({code}) while imported")
+
+
+@contextlib.contextmanager
+def _exit_raises() -> Iterator[None]:
+    """``os._exit`` raises :class:`PluginExit` for the block (a plugin's import): a plugin that ends the
+    process at import, which no atexit hook or ``finally`` can see, is a failed plugin of one line instead
+    of a command that exits 0 with no output."""
+
+    def refuse(code: int) -> None:
+        raise PluginExit(code)
+
+    real = os._exit
+    os._exit = refuse  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 class Registry(Generic[T]):
@@ -83,7 +109,8 @@ class Registry(Generic[T]):
                 importlib.import_module(builtins)
                 for ep in entry_points(group=group):
                     try:
-                        ep.load()
+                        with _exit_raises():
+                            ep.load()
                     except KeyboardInterrupt:
                         raise
                     except BaseException as err:  # sys.exit() or any BaseException: a failed plugin too

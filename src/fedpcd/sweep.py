@@ -10,6 +10,9 @@ goes to ``<output_dir>/<name>``, its name built from the swept values::
       algorithm: [{name: fedavg}, {name: fedprox, mu: 0.01}]
       seed: [0, 1, 2]
 
+A grid holds at most ``MAX_RUNS`` (100,000) runs: a larger one is refused in one line, counted before any
+run is built.
+
 The reserved axis ``setting`` varies several keys together: each value is a mapping of (dotted) keys to
 values, applied at once, with an optional ``label`` that names it in the folder (e.g. P5C2 needs both
 ``clients: 5`` and its partition)::
@@ -27,11 +30,12 @@ the file sets it).
 Running the sweep again skips finished runs and resumes interrupted ones from their checkpoints. A run that
 fails (an exception, e.g. a diverging method) is reported and the sweep goes on with the others; so is a run
 that cannot be run now (held by another fedpcd process, started without a checkpoint, or with a corrupt
-summary.json). The sweep succeeds (exit code 0) when every run of its grid is finished at its end, whoever
-finished it; otherwise it ends with one line counting the runs that failed, were skipped and finished.
-While it runs, a progress line (runs finished, running with their last evaluated round, failed, and an ETA
-from the wall times of the runs finished so far) is printed as each run ends and every ``PROGRESS_EVERY``
-seconds between.
+summary.json). A run whose worker process died (killed, or a plugin ended it) runs once more on a fresh
+worker, then counts as failed. The sweep succeeds (exit code 0) when every run of its grid is finished at its
+end, whoever finished it; otherwise it ends with one line counting the runs that failed, were skipped and
+finished. While it runs, a progress line (runs finished, running with their last evaluated round, failed, and
+an ETA from the wall times of the runs finished so far) is printed as each run ends and every
+``PROGRESS_EVERY`` seconds between.
 
 Where the runs execute is the launcher's business (``fedpcd.launchers``: this process, a pool of worker
 processes, Ray, Slurm): it only runs ``_run_one``; everything above is the same for each.
@@ -47,6 +51,7 @@ import contextlib
 import copy
 import itertools
 import json
+import math
 import os
 import re
 import sqlite3
@@ -62,7 +67,7 @@ from fedpcd.config_input import merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import RunInUseError, UserError, clip
 from fedpcd.labels import warn_overrides
 from fedpcd.run_format import ALLOW_DIRTY, GA, PA_SPLIT, RunFiles, code_version
-from fedpcd.utils import make_folder, path_error, show_path
+from fedpcd.utils import make_folder, path_error, show_path, show_text
 
 if TYPE_CHECKING:
     from fedpcd.launchers import Launcher
@@ -70,6 +75,7 @@ if TYPE_CHECKING:
 MAIN_KEYS = ("name", "scheme")
 PROGRESS_EVERY = 60.0  # seconds between two progress lines while no run ends
 SETTING = "setting"  # the axis whose values are mappings of several keys set together
+MAX_RUNS = 100_000  # runs of one sweep's grid (counted before any is built)
 
 
 def _label(key: str, value: Any) -> str:
@@ -110,6 +116,13 @@ def expand_sweep(path: str | Path, overrides: list[str] | None = None) -> list[C
             raise UserError(f"sweep key {key!r} in {path} must map to a non-empty list of values")
         if key == SETTING and not all(isinstance(v, dict) for v in values):
             raise UserError(f"every value of the sweep axis 'setting' in {path} must be a mapping of keys")
+    count = math.prod(len(values) for values in grid.values())
+    if count > MAX_RUNS:
+        axes = " x ".join(f"{len(values)} {clip(str(key), 40)}" for key, values in grid.items())
+        raise UserError(
+            f"the sweep in {show_path(path)} has {count:,} runs ({axes}), over the limit of {MAX_RUNS:,}; "
+            "split it into several sweep files"
+        )
     extra = parse_overrides(overrides or [])
     base = merge_dicts(raw, extra)
     root = Path(base.get("output_dir", "runs/sweep"))
@@ -359,7 +372,7 @@ def run_sweep(
         status = run_status(cfg)
         if status in SKIP_REASONS:
             skipped.append(cfg.output_dir)
-            print(f"skip {cfg.output_dir}: {SKIP_REASONS[status]}")
+            print(f"skip {show_text(cfg.output_dir)}: {SKIP_REASONS[status]}")
         elif status != "done":
             todo.append((cfg, status == "resume"))
     print(f"sweep: {len(configs)} runs, {len(configs) - len(todo)} finished or skipped, {len(todo)} to run")
@@ -374,16 +387,17 @@ def run_sweep(
         except RunInUseError as exc:  # another sweep on the same folder runs it: not a failure of the run
             skipped.append(out)
             progress.end(out, "skipped")
-            print(f"skip {clip(str(exc), 300)}", flush=True)
+            print(f"skip {show_text(clip(str(exc), 300))}", flush=True)
         except Exception as exc:  # one run's failure must not stop the others
             failed.append(out)
             progress.end(out, "failed")
             first = str(exc).splitlines()[0] if str(exc) else ""
-            print(f"FAILED {out}: {type(exc).__name__}: {clip(first, 300)}", file=sys.stderr, flush=True)
+            line = f"FAILED {out}: {type(exc).__name__}: {clip(first, 300)}"
+            print(show_text(line), file=sys.stderr, flush=True)
         else:
             progress.end(out, "done", seconds if wall is not None else None)
             note = f"{wall:.0f} s" if wall is not None else "finished meanwhile by another process"
-            print(f"done {out} ({note})", flush=True)
+            print(f"done {show_text(out)} ({note})", flush=True)
         print(progress.line(), flush=True)
         try:
             write_index(index, [c for c in configs if c.output_dir == out])
@@ -437,18 +451,27 @@ def _run_launched(
     finished: Callable[[str, Callable[[], tuple[str, float | None, float]]], None],
 ) -> None:
     """Run ``todo`` through ``launcher``, ``launcher.slots`` at a time (in order), calling ``finished`` as
-    each ends; a run counts as running once the launcher says it started."""
+    each ends; a run counts as running once the launcher says it started. A run whose process died
+    (``launcher.lost``: a kill, a plugin ending the process) runs once more, on a fresh worker (resuming
+    from its checkpoint); lost again, it is a failed run."""
     queue = list(reversed(todo))
-    active: dict[Any, Config] = {}
+    active: dict[Any, tuple[Config, bool]] = {}
+    retried: set[str] = set()
     while queue or active:
         while queue and (launcher.slots is None or len(active) < launcher.slots):
             cfg, resume = queue.pop()
-            active[launcher.submit(_run_one, cfg.to_dict(), resume)] = cfg
+            active[launcher.submit(_run_one, cfg.to_dict(), resume)] = (cfg, resume)
         ended, running = launcher.wait(list(active), timeout=1.0)
         for handle in running:
-            progress.start(active[handle])
+            progress.start(active[handle][0])
         for handle in ended:
-            finished(active.pop(handle).output_dir, lambda h=handle: launcher.result(h))
+            cfg, resume = active.pop(handle)
+            if launcher.lost(handle) and cfg.output_dir not in retried:
+                retried.add(cfg.output_dir)
+                print(f"retry {show_text(cfg.output_dir)}: its worker process died; once more", flush=True)
+                queue.append((cfg, resume))
+                continue
+            finished(cfg.output_dir, lambda h=handle: launcher.result(h))
 
 
 # ----- the results index ----------------------------------------------------------------------------------

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
+import stat
 import sys
 import tempfile
 import threading
@@ -18,6 +20,14 @@ from fedpcd.errors import UserError, clip
 
 _UMASK_LOCK = threading.Lock()
 MAX_JSON_DEPTH = 32  # nesting levels of a JSON file fedpcd reads (its own files need fewer than 5)
+MAX_READ_BYTES = 1024**3  # the largest file fedpcd reads whole (a partition, a summary, metrics, a LEAF file)
+_KINDS = {  # what a path that is not a regular file is, for the one-line refusal
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
 
 
 def show_path(path: str | Path) -> str:
@@ -26,6 +36,16 @@ def show_path(path: str | Path) -> str:
     text = os.fspath(path)
     text = text if isinstance(text, str) else os.fsdecode(text)
     return text if text.isprintable() else repr(text)
+
+
+def show_text(text: object) -> str:
+    """Text for the terminal, every character that is not printable escaped (an ESC sequence, a newline, a
+    carriage return, a right-to-left override show as ``\\x1b``, ``\\n``, ``\\r``, ``\\u202e``): what fedpcd
+    prints of a user's text (a path, a name, an error line) can neither drive the terminal nor fake a line."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def path_error(path: str | Path, exc: OSError | ValueError, action: str = "write") -> UserError:
@@ -176,23 +196,77 @@ def parse_json(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, lines: bo
     return data
 
 
-def read_user_text(path: str | Path, what: str = "file") -> str:
-    """A user's text file; one line naming ``what`` and the path when it is missing, unreadable or not
-    UTF-8."""
+def read_user_bytes(
+    path: str | Path, what: str = "file", limit: int = MAX_READ_BYTES, links: bool = True, hint: str = ""
+) -> bytes:
+    """A file a user hands in, read whole but bounded.
+
+    Opened without blocking (a FIFO never waits for a writer) and refused unless it is a regular file (a FIFO,
+    device, socket or folder is named by its kind) or when over ``limit`` bytes (checked from its size before
+    reading, and again while reading a file that grows); with ``links=False`` a symbolic link at ``path`` is
+    refused, never followed (run and sweep folders). Every failure is one line naming ``what`` and the path
+    (``hint``: what to do about a file too large).
+    """
+    too_large = f"{what} {show_path(path)} is over {_size(limit)}{f'; {hint}' if hint else ''}"
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        if not links and os.path.islink(path):  # where O_NOFOLLOW is missing
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise UserError(f"{what} {show_path(path)} not found") from None
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ELOOP and not links:
+            raise UserError(
+                f"{what} {show_path(path)} is a symbolic link; fedpcd never follows links in a run or sweep "
+                "folder: replace it with the real file"
+            ) from None
+        raise path_error(path, exc, f"read {what}") from None
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            info = os.fstat(fd)
+            kind = stat.S_IFMT(info.st_mode)
+            if kind != stat.S_IFREG:
+                kind_name = _KINDS.get(kind, "not a regular file")
+                raise UserError(f"{what} {show_path(path)} is {kind_name}; give a regular file")
+            if info.st_size > limit:
+                raise UserError(too_large)
+            data = fh.read(limit + 1)
+        except OSError as exc:
+            raise path_error(path, exc, f"read {what}") from None
+    if len(data) > limit:
+        raise UserError(too_large)
+    return data
+
+
+def _size(n: int) -> str:
+    """A byte count for a message: '3.1 GiB', '256 KiB', '12 bytes'."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def read_user_text(
+    path: str | Path, what: str = "file", limit: int = MAX_READ_BYTES, links: bool = True, hint: str = ""
+) -> str:
+    """A user's text file (:func:`read_user_bytes`: bounded, a regular file); one line naming ``what`` and the
+    path when it is missing, unreadable, too large, not a regular file or not UTF-8."""
+    data = read_user_bytes(path, what, limit, links, hint)
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"{what} {show_path(path)} is not UTF-8 text (byte {exc.start})") from None
-    except (OSError, ValueError) as exc:
-        raise path_error(path, exc, f"read {what}") from None
 
 
-def read_json(path: str | Path, what: str = "file", max_depth: int = MAX_JSON_DEPTH) -> Any:
+def read_json(
+    path: str | Path, what: str = "file", max_depth: int = MAX_JSON_DEPTH, links: bool = True
+) -> Any:
     """The JSON data in a user's file; one line naming ``what`` and the path for a missing, unreadable,
-    non-UTF-8 or invalid file (see :func:`parse_json`)."""
-    return parse_json(read_user_text(path, what), f"{what} {show_path(path)}", max_depth)
+    too large, non-UTF-8 or invalid file (see :func:`read_user_text`, :func:`parse_json`)."""
+    return parse_json(read_user_text(path, what, links=links), f"{what} {show_path(path)}", max_depth)
 
 
 @contextlib.contextmanager

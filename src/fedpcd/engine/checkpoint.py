@@ -8,6 +8,7 @@ with ``torch.load(weights_only=True)``: a run directory never executes code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -28,6 +29,7 @@ from fedpcd.config import (
 from fedpcd.engine.records import record_line
 from fedpcd.errors import UserError, clip, short
 from fedpcd.run_format import RunFiles
+from fedpcd.utils import read_user_bytes
 
 # 3: + the config (canonical JSON and SHA-256); 2: + metrics so far and global RNG states (1: server,
 # client_states, wall_s)
@@ -142,6 +144,13 @@ def check_checkpoint(state: dict[str, Any], run: RunFiles, config: Config, allow
         raise UserError(
             f"{path}: checkpoint format {short(fmt)} is not one this fedpcd reads (1..{CHECKPOINT_FORMAT})"
         )
+    if "partition_sha256" in state and state["partition_sha256"] != file_sha256(
+        run.partition, "partition file"
+    ):
+        raise UserError(
+            f"{run.partition} changed since the checkpoint (its SHA-256 differs): a run cannot go on with "
+            "another partition; restore the file or start a new run"
+        )
     if "config" in state or "config_sha256" in state:
         text, digest = state.get("config"), state.get("config_sha256")
         if not isinstance(text, str) or not isinstance(digest, str) or config_hash(text) != digest:
@@ -191,10 +200,12 @@ def checkpoint_state(
     wall_s: float,
     records: Sequence[dict[str, Any]],
     config: Config | None = None,
+    partition_sha256: str | None = None,
 ) -> dict[str, Any]:
     """What ``--resume`` needs after round ``rnd``: server and client states, the metrics so far (so a
-    metrics.jsonl line torn or written after the checkpoint never matters), the global RNG states and the
-    run's ``config`` (canonical JSON and its SHA-256: a resume checks it against config.yaml).
+    metrics.jsonl line torn or written after the checkpoint never matters), the global RNG states, the
+    run's ``config`` (canonical JSON and its SHA-256: a resume checks it against config.yaml) and the
+    SHA-256 of its partition.json (:func:`file_sha256`: a resume refuses a partition.json changed since).
 
     ``client_states``: a dict, or a store with ``to_dict()`` (engine/state_store.py)."""
     to_dict = getattr(client_states, "to_dict", None)
@@ -210,7 +221,14 @@ def checkpoint_state(
     if config is not None:
         state["config"] = canonical_config(config)
         state["config_sha256"] = config_hash(state["config"])
+    if partition_sha256 is not None:
+        state["partition_sha256"] = partition_sha256
     return state
+
+
+def file_sha256(path: str | Path, what: str) -> str:
+    """SHA-256 (hex) of a run file, read as every run-folder file is (bounded, never through a link)."""
+    return hashlib.sha256(read_user_bytes(path, what, links=False)).hexdigest()
 
 
 def checkpoint_records(

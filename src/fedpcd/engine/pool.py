@@ -46,7 +46,7 @@ from fedpcd.engine.federation import Federation, set_threads
 from fedpcd.engine.guard import warn
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.models import MODELS
-from fedpcd.procs_guard import die_with_parent
+from fedpcd.procs_guard import children_ignore_ctrl_c, die_with_parent
 
 __all__ = ["WorkerDied", "WorkerPool"]
 
@@ -195,7 +195,8 @@ class WorkerPool:
             while pending and not broken and not busy and len(running) < self.workers - (len(pending) <= 1):
                 group = pending.popleft()
                 try:
-                    running[pool.submit(_work, alg, pickle.dumps([tasks[i] for i in group]))] = group
+                    with children_ignore_ctrl_c():  # a worker it starts: no traceback on Ctrl-C at start-up
+                        running[pool.submit(_work, alg, pickle.dumps([tasks[i] for i in group]))] = group
                 except BrokenProcessPool:
                     broken = True
                     pending.appendleft(group)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from fedpcd.engine.metrics import summarize
 from fedpcd.engine.tasks import ClientReply
 from fedpcd.errors import UserError
 from fedpcd.run_format import ACCURACY_KEYS, CLIENT_PA_SPLIT, GA, PA_SPLIT, PERSONAL, STATISTICS
+from fedpcd.utils import read_user_text
 
 PERSONAL_EVAL = (
     "participants"  # whose personal models are evaluated: the round's participants, after training
@@ -92,10 +94,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl file ([] when missing). A last line without its newline that does not
     parse is a write cut short by a kill and is ignored; any other bad line is a UserError."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8") if path.exists() else ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+    text = read_user_text(path, "metrics file", links=False) if os.path.lexists(path) else ""
     lines = text.split("\n")
     rows = []
     for i, line in enumerate(lines, start=1):

@@ -30,6 +30,7 @@ from fedpcd.engine.checkpoint import (
     check_server_state,
     checkpoint_records,
     checkpoint_state,
+    file_sha256,
     restore_rng,
 )
 from fedpcd.engine.executor import Executor, StatesUnavailable
@@ -321,7 +322,8 @@ def run_rounds(
                 except StatesUnavailable as exc:
                     warn(f"round {rnd}: no checkpoint ({exc}); a resume starts from the previous one")
                     continue
-                run_dir.save_checkpoint(checkpoint_state(rnd, server, states, wall, records, config))
+                digest = file_sha256(run_dir.partition, "partition file")
+                run_dir.save_checkpoint(checkpoint_state(rnd, server, states, wall, records, config, digest))
                 LOGGER.debug("round %d: checkpoint saved", rnd)
         summary = {**summary_of(records, wall, config.rounds), CODE: code_version()}
         preset = preset_record(config.to_dict())

@@ -31,7 +31,8 @@ from fedpcd.engine.records import read_records, record_line
 from fedpcd.errors import RunInUseError, UserError
 from fedpcd.logs import LOGGER
 from fedpcd.run_format import RunFiles
-from fedpcd.utils import atomic_write
+from fedpcd.run_schema import Summary, check
+from fedpcd.utils import atomic_write, read_json
 
 try:
     import fcntl
@@ -250,6 +251,7 @@ class RunDir(RunFiles):
             with writing(path):
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                self._remove_stale_temps()
             _HELD[key] = 1
             try:
                 yield
@@ -259,6 +261,14 @@ class RunDir(RunFiles):
                     os.ftruncate(fd, 0)  # released cleanly (still held while emptied)
         finally:
             os.close(fd)  # releases the lock
+
+    def _remove_stale_temps(self) -> None:
+        """Remove the temp files of atomic writes (``.config.yaml.*.tmp``, ...) that a process killed while
+        writing left in the folder: with the lock held, no other process is writing them."""
+        prefixes = tuple(f".{p.name}." for p in self.written() if p.parent == self.path)
+        for temp in self.path.glob(".*.tmp"):  # atomic_write's temp files: .NAME.RANDOM.tmp
+            if temp.name.startswith(prefixes):
+                temp.unlink(missing_ok=True)
 
     def create(self, config: Config, partition_json: dict[str, Any], restart: bool = False) -> None:
         """Start a fresh run directory; refuse one that already holds a run (``restart``: rewrite the files
@@ -356,10 +366,4 @@ class RunDir(RunFiles):
     def read_summary(self) -> dict[str, Any]:
         """summary.json; a corrupt one is a UserError naming it."""
         path = self.summary
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UserError(f"cannot read {path}: {exc}") from None
-        if not isinstance(data, dict):
-            raise UserError(f"{path} is not a fedpcd summary (a JSON object)")
-        return data
+        return check(Summary, read_json(path, "summary file", links=False), f"summary file {path}")

@@ -85,6 +85,11 @@ def resume_run(
     if not rd.config.is_file():
         if rd.checkpoint.exists():
             raise UserError(f"{path} has a checkpoint but no config.yaml: it cannot be resumed")
+        if rd.lock_file.exists() and not rd.holds_run():  # killed while it started: nothing to resume yet
+            raise UserError(
+                f"{path} was stopped before its run started (no config.yaml yet): start it again with the "
+                "same fedpcd run command (same config and output_dir)"
+            )
         raise UserError(
             f"no checkpoint in {path}: nothing to resume (not a fedpcd run directory: no config.yaml)"
         )

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from fedpcd.config import Config
-from fedpcd.errors import UserError
+from fedpcd.errors import STOP_SIGNALS, UserError
 from fedpcd.flower import _env, procs, watchdog
 
 
@@ -217,15 +217,15 @@ def _on_signal(stop: threading.Event, deadline: list[threading.Timer]) -> Callab
 
 @contextmanager
 def _signals_handled(stop: threading.Event, deadline: list[threading.Timer]) -> Iterator[None]:
-    """SIGINT and SIGTERM through :func:`_on_signal` for the block (main thread only), Ray's own SIGTERM
-    handler (set by ray.init) kept out."""
+    """SIGINT and ``STOP_SIGNALS`` (SIGTERM, SIGHUP, SIGQUIT) through :func:`_on_signal` for the block
+    (main thread only), Ray's own SIGTERM handler (set by ray.init) kept out."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     import ray._private.utils as ray_utils
 
     handler = _on_signal(stop, deadline)
-    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)}
     set_by_ray = ray_utils.set_sigterm_handler
     ray_utils.set_sigterm_handler = lambda _handler: None
     try:

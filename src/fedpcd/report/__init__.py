@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd.config import run_setting
-from fedpcd.errors import UserError, clip, short
+from fedpcd.errors import UserError, clip
 from fedpcd.run_format import CODE, GA, HEADLINE, REPORTED, RunFiles, code_key, same_code
+from fedpcd.run_schema import Record, Summary, check
 from fedpcd.utils import parse_json, path_error, read_json, read_user_text, show_path
 
 IGNORED = {"seed", "output_dir"}
@@ -53,13 +54,6 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _bad_value(data: dict[str, Any], key: str, expected: str) -> str:
-    """'has no KEY' or 'KEY must be EXPECTED, got VALUE'."""
-    if key not in data:
-        return f"it has no '{key}'"
-    return f"'{key}' must be {expected}, got {short(data[key])}"
 
 
 def _readable_partition(part: Any) -> bool:
@@ -97,40 +91,17 @@ def current_form(config: dict[str, Any], path: str | Path) -> dict[str, Any]:
     return plain
 
 
-_RECORD_NUMBERS = [m.key for m in REPORTED] + ["bytes_up", "bytes_down"]
-
-
-def _record_problem(record: Any) -> str | None:
-    """What makes a metrics.jsonl record unusable (None for a good one)."""
-    if not isinstance(record, dict):
-        return f"expected a JSON object, got {type(record).__name__}"
-    if isinstance(record.get("round"), bool) or not isinstance(record.get("round"), int):
-        return _bad_value(record, "round", "a whole number")
-    for key in _RECORD_NUMBERS:
-        if record.get(key) is not None and not _is_number(record[key]):
-            return f"'{key}' must be a number, got {short(record[key])}"
-    per_class = record.get("global_class_acc")
-    if per_class is not None and (
-        not isinstance(per_class, list) or not all(v is None or _is_number(v) for v in per_class)
-    ):
-        return "'global_class_acc' must be a list of numbers"
-    return None
-
-
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl as records; a line that is not a usable record is one line naming the file and
-    the line number."""
+    """A run's metrics.jsonl as records; a line that is not a record the schema admits
+    (``fedpcd.run_schema.Record``) is one line naming the file, the line number and the field."""
     path = Path(path)
     records = []
     lengths = set()
-    for number, line in enumerate(read_user_text(path, "metrics file").splitlines(), 1):
+    for number, line in enumerate(read_user_text(path, "metrics file", links=False).splitlines(), 1):
         if not line.strip():
             continue
         where = f"metrics file {show_path(path)} line {number}"
-        record = parse_json(line, where, lines=False)
-        problem = _record_problem(record)
-        if problem is not None:
-            raise UserError(f"{where}: {problem}")
+        record = check(Record, parse_json(line, where, lines=False), where)
         if record.get("global_class_acc") is not None:
             lengths.add(len(record["global_class_acc"]))
         records.append(record)
@@ -140,19 +111,10 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def read_summary(path: str | Path) -> dict[str, Any]:
-    """A run's summary.json; anything but a JSON object with whole-number 'rounds' and numeric 'wall_s' is
-    one line naming the file."""
-    summary = read_json(path, "summary file")
-    problem = None
-    if not isinstance(summary, dict):
-        problem = f"expected a JSON object, got {type(summary).__name__}"
-    elif isinstance(summary.get("rounds"), bool) or not isinstance(summary.get("rounds"), int):
-        problem = _bad_value(summary, "rounds", "a whole number")
-    elif not _is_number(summary.get("wall_s")):
-        problem = _bad_value(summary, "wall_s", "a number")
-    if problem is not None:
-        raise UserError(f"summary file {show_path(path)} is not a fedpcd summary: {problem}")
-    return summary
+    """A run's summary.json; anything the summary schema (``fedpcd.run_schema.Summary``) refuses is one line
+    naming the file and the field."""
+    summary = read_json(path, "summary file", links=False)
+    return check(Summary, summary, f"summary file {show_path(path)} is not a fedpcd summary")
 
 
 def _exists(path: Path) -> bool:
@@ -172,7 +134,7 @@ def load_runs(root: str | Path) -> list[Run]:
         raise UserError(f"runs folder not found: {show_path(root)}")
     runs = []
     for files in RunFiles.finished_below(root):
-        config = current_form(read_yaml(files.config), files.config)
+        config = current_form(read_yaml(files.config, links=False), files.config)
         records = read_metrics(files.metrics)
         runs.append(Run(files.path, config, records, read_summary(files.summary)))
     if not runs:
@@ -208,9 +170,9 @@ def unfinished_runs(root: str | Path) -> list[tuple[str, str]]:
 
 def _stopped_note(path: Path) -> str:
     try:
-        stopped = json.loads(path.read_text(encoding="utf-8"))
+        stopped = read_json(path, "stopped file", links=False)
         return f"stopped in round {int(stopped['round'])}: {stopped['error']}"
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):  # absent or not fedpcd's
+    except (UserError, ValueError, TypeError, KeyError):  # absent or not fedpcd's
         return ""
 
 

@@ -36,7 +36,7 @@ from fedpcd.report.figures import partition_counts, plot_setting_curves, setting
 from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, run_value
 from fedpcd.report.verdict import critical_t, separation
 from fedpcd.run_format import GA, HEADLINE, REPORTED
-from fedpcd.utils import atomic_write_text
+from fedpcd.utils import atomic_write_text, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -182,9 +182,9 @@ def diverged_cells(grid: Grid) -> set[tuple[str, str]]:
         if files.summary.exists() or not files.config.exists():
             continue
         try:
-            if json.loads(files.stopped.read_text(encoding="utf-8")).get("error") != DIVERGED:
+            if read_json(files.stopped, "stopped file", links=False).get("error") != DIVERGED:
                 continue
-            config = current_form(read_yaml(files.config), files.config)
+            config = current_form(read_yaml(files.config, links=False), files.config)
         except (OSError, UnicodeDecodeError, ValueError, AttributeError, UserError):
             continue  # not stopped (still running), or not a fedpcd run
         method, setting = methods.get(_method_key(config)), settings.get(_setting_key(config))

@@ -1,0 +1,257 @@
+"""Chaos: random faults against fedpcd's reliability promises, each followed by the documented recovery.
+
+Each fault runs one tiny command in its own folder and hits it at a random moment: SIGKILL, SIGINT (to the
+process group, as a terminal's Ctrl-C), SIGTERM or SIGHUP (to the command's process, as ``kill`` does) during
+
+- ``run``: a run (``fedpcd run``);
+- ``workers``: a run with ``engine.workers=2`` (a pool of client processes);
+- ``sweep``: a sweep of two runs with ``--jobs 2`` (worker processes);
+- ``disk``: a run whose process may write files of at most a random size of 1 to 128 KiB (``RLIMIT_FSIZE``:
+  the first write past it fails as on a full disk; no root mounts needed), no signal.
+
+Then the documented recovery: ``fedpcd run --resume`` for a run folder holding a config.yaml, the same
+``fedpcd run`` command for one stopped before it wrote one, the same ``fedpcd sweep`` command for a sweep.
+Each fault is checked against an uninterrupted reference run of the same config: metrics.jsonl equal (but
+wall times), the csv tracker's metrics.csv equal (but wall times), no process of the faulted command left,
+no temp file left, no traceback (every failure is one line). Prints a line per fault and ``faults injected /
+survived / data lost``; exits 1 when a fault was not survived (a check failed) or lost data (metrics differ
+or could not be recovered).
+
+Not covered here: faults of a Flower run (its Ray start-up alone takes longer than these runs), a hung
+Flower client.
+
+    python benchmarks/chaos.py [--faults 30] [--seed 0] [--dataset fmnist] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import yaml
+
+SIGNALS = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+KINDS = ("run", "workers", "sweep", "disk")
+DISK_LIMITS = (2**10, 2**17)  # a "disk" fault's largest file: log-uniform between these (bytes)
+DATA = {  # tiny runs: a few seconds each
+    "fmnist": ["dataset.name=fmnist", "dataset.train_fraction=0.02"],
+    "synthetic": ["dataset.name=synthetic"],
+}
+COMMON = [
+    "model.name=mlp",
+    "model.hidden=32",
+    "clients=4",
+    "rounds=4",
+    "local.batch_size=32",
+    "engine.checkpoint_every=1",
+    "tracking.loggers=[csv]",
+]
+
+
+@dataclass
+class Fault:
+    kind: str
+    sig: int | None  # None: the "disk" fault
+    at: float  # seconds after the start
+    disk: int | None = None  # the "disk" fault's file size limit (bytes)
+
+
+def fedpcd(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "fedpcd.cli", *argv]
+
+
+def command(kind: str, out: Path, data: list[str]) -> list[str]:
+    """The command of a fault of ``kind`` writing to ``out`` (a run folder, or a sweep's folder)."""
+    if kind == "sweep":
+        spec = out.parent / f"{out.name}.sweep.yaml"
+        spec.write_text(yaml.safe_dump({"output_dir": str(out), "sweep": {"seed": [0, 1]}}))
+        return fedpcd("sweep", "--config", str(spec), "--jobs", "2", *data, *COMMON)
+    workers = ["engine.workers=2"] if kind == "workers" else []
+    return fedpcd("run", "--quiet", *data, *COMMON, *workers, f"output_dir={out}")
+
+
+def run_folders(kind: str, out: Path) -> list[Path]:
+    return [out / "seed0", out / "seed1"] if kind == "sweep" else [out]
+
+
+def records(run: Path) -> list[dict[str, object]]:
+    """metrics.jsonl without wall times (the rest of a resumed run is bitwise the uninterrupted one's)."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "wall_s"} for line in lines]
+
+
+def csv_rows(run: Path) -> list[dict[str, str]]:
+    """The csv tracker's metrics.csv without wall times."""
+    rows = csv.DictReader(io.StringIO((run / "metrics.csv").read_text()))
+    return [{k: v for k, v in row.items() if k != "wall_s"} for row in rows]
+
+
+def file_size_limit(limit: int) -> Callable[[], None]:
+    """For the child: files of at most ``limit`` bytes (a write past it fails with EFBIG: a full disk)."""
+
+    def set_limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return set_limit
+
+
+def watch(proc: subprocess.Popen[bytes], seen: set[int], until: float | None) -> None:
+    """Collect the pids of ``proc``'s descendants into ``seen`` until it ends or ``until`` (monotonic)."""
+    while proc.poll() is None and (until is None or time.monotonic() < until):
+        with contextlib.suppress(psutil.Error):
+            seen.update(child.pid for child in psutil.Process(proc.pid).children(recursive=True))
+        time.sleep(0.05)
+
+
+def start(argv: list[str], log: Path, disk: int | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as fh:
+        return subprocess.Popen(
+            argv,
+            stdout=fh,
+            stderr=fh,
+            start_new_session=True,  # a group of its own: its Ctrl-C reaches it and its children only
+            preexec_fn=file_size_limit(disk) if disk else None,  # noqa: PLW1509 - a resource limit, no threads yet
+        )
+
+
+def inject(fault: Fault, argv: list[str], log: Path) -> tuple[int, set[int]]:
+    """Run ``argv``, hit it as ``fault`` says; (its exit code, the pids of every process it started)."""
+    seen: set[int] = set()
+    proc = start(argv, log, disk=fault.disk)
+    watch(proc, seen, time.monotonic() + fault.at)
+    if proc.poll() is None and fault.sig is not None:
+        if fault.sig == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(fault.sig)
+    watch(proc, seen, None)
+    return proc.wait(), seen
+
+
+def recover(kind: str, out: Path, argv: list[str], log: Path) -> int:
+    """The documented recovery of a faulted command; its exit code (0: recovered)."""
+    if kind == "sweep" or not (out / "config.yaml").is_file():  # a sweep, or a run that had not started
+        proc = start(argv, log)
+    else:
+        proc = start(fedpcd("run", "--quiet", "--resume", str(out)), log)
+    return proc.wait()
+
+
+def left_processes(pids: set[int], timeout: float = 10.0) -> list[int]:
+    """Those of ``pids`` still running after ``timeout`` s (zombies count as gone)."""
+    end = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.Error:
+                pass
+        if not alive or time.monotonic() > end:
+            return alive
+        time.sleep(0.2)
+
+
+def check(kind: str, out: Path, reference: Path, pids: set[int], log: Path) -> tuple[list[str], bool]:
+    """(the problems found, whether metrics were lost) after the recovery of a fault."""
+    problems, lost = [], False
+    text = log.read_text(errors="replace")
+    if "Traceback" in text:  # every failure is one line
+        last = [
+            line for line in text.split("Traceback", 1)[1].splitlines() if line and not line.startswith(" ")
+        ]
+        problems.append(f"a traceback in {log} ({last[-1] if last else '?'})")
+    for run, ref in zip(run_folders(kind, out), run_folders(kind, reference), strict=True):
+        try:
+            if records(run) != records(ref):
+                problems.append(f"{run.name}: metrics.jsonl differs from the reference")
+                lost = True
+            if csv_rows(run) != csv_rows(ref):
+                problems.append(f"{run.name}: metrics.csv differs from the reference")
+        except OSError as exc:
+            problems.append(f"{run.name}: {exc.strerror}: {exc.filename}")
+            lost = True
+    temps = [str(p.relative_to(out)) for p in out.rglob("*.tmp")]
+    if temps:
+        problems.append(f"temp files left: {', '.join(temps[:3])}")
+    alive = left_processes(pids)
+    if alive:
+        problems.append(f"processes left: {alive[:5]}")
+    return problems, lost
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--faults", type=int, default=30, help="faults to inject (default 30)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the faults' kinds, signals and times")
+    parser.add_argument("--dataset", choices=sorted(DATA), default="fmnist")
+    parser.add_argument("--out", help="folder for the runs (default: a temporary one, removed)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fedpcd-chaos-") as scratch:
+        root = Path(args.out or scratch)
+        root.mkdir(parents=True, exist_ok=True)
+        return chaos(root, args.faults, random.Random(args.seed), DATA[args.dataset])
+
+
+def chaos(root: Path, faults: int, rng: random.Random, data: list[str]) -> int:
+    plan = [rng.choice(KINDS) for _ in range(faults)]
+    references, seconds = {}, {}
+    for kind in dict.fromkeys(k if k != "disk" else "run" for k in plan):  # a disk fault's reference: "run"
+        ref = root / f"reference-{kind}"
+        t0 = time.monotonic()
+        if subprocess.run(command(kind, ref, data), capture_output=True).returncode != 0:
+            print(f"the reference {kind} failed: see {ref}", file=sys.stderr)
+            return 1
+        references[kind], seconds[kind] = ref, time.monotonic() - t0
+    survived = lost = 0
+    for i, kind in enumerate(plan, 1):
+        like = "run" if kind == "disk" else kind
+        at = rng.uniform(0.1, 1.0) * seconds[like]
+        if kind == "disk":
+            fault = Fault(kind, None, at, int(math.exp(rng.uniform(*map(math.log, DISK_LIMITS)))))
+        else:
+            fault = Fault(kind, rng.choice(SIGNALS), at)
+        out = root / f"fault{i:03d}-{kind}"
+        argv = command(like, out, data)
+        log = root / f"fault{i:03d}-{kind}.log"
+        code, pids = inject(fault, argv, log)
+        recovered = recover(kind, out, argv, log)
+        problems, lost_here = check(kind, out, references[like], pids, log)
+        if recovered != 0:
+            problems.insert(0, f"recovery exited with {recovered} (see {log})")
+            lost_here = True
+        what = (
+            f"files <= {fault.disk} bytes"
+            if fault.sig is None
+            else f"{signal.Signals(fault.sig).name} at {fault.at:.1f} s"
+        )
+        print(
+            f"fault {i}/{faults}: {kind}, {what}: exit {code}; {'; '.join(problems) or 'recovered'}",
+            flush=True,
+        )
+        survived += not problems
+        lost += lost_here
+    print(f"faults injected: {faults}, survived: {survived}, data lost: {lost}")
+    return 0 if survived == faults and not lost else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
