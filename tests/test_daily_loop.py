@@ -1,0 +1,103 @@
+"""The daily loop (issue 54): a light `make demo` install, extending a finished run, did-you-mean on every
+name a user types, the generated configuration page, single-split Hugging Face folders and the W&B read-back
+the docs describe."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from install_helpers import torch_requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+# ----- Makefile: `make demo` installs the core and torch only; `make test` the suite's extras too ----------
+
+
+def make_dry(venv: Path, *targets: str) -> str:
+    """`make -n TARGETS` (nothing runs) against the environment ``venv``: the commands it would run."""
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", *targets, f"VIRTUAL_ENV={venv}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def fake_venv(tmp_path: Path, *stamps: str) -> Path:
+    """An environment folder with a python and the given install stamps, newer than the Makefile."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    newer = (ROOT / "Makefile").stat().st_mtime + 60
+    for stamp in stamps:
+        (venv / stamp).touch()
+        os.utime(venv / stamp, (newer, newer))
+    return venv
+
+
+def pip_lines(commands: str) -> list[str]:
+    return [line for line in commands.splitlines() if " -m pip install" in line and "--index-url" not in line]
+
+
+@needs_make
+def test_make_demo_installs_the_core_and_torch_only(tmp_path):
+    commands = make_dry(fake_venv(tmp_path), "demo")
+    torch, core = pip_lines(commands)
+    assert f'"{torch_requirement()}"' in torch and core.endswith("--disable-pip-version-check -e .")
+    assert "[test" not in commands and commands.rstrip().endswith("fedpcd demo")
+
+
+@needs_make
+def test_make_test_after_a_demo_install_adds_the_test_extras_only(tmp_path):
+    commands = make_dry(fake_venv(tmp_path, ".fedpcd-core-installed"), "test")
+    (extras,) = pip_lines(commands)
+    assert extras.endswith('-e ".[test,flower,docs,trackers,privacy,hf,cluster]"')
+    assert "torch" not in commands.split("ruff check")[0]  # torch and the core stay as installed
+
+
+@needs_make
+def test_make_demo_after_make_test_installs_nothing(tmp_path):
+    commands = make_dry(fake_venv(tmp_path, ".fedpcd-core-installed", ".fedpcd-installed"), "demo")
+    assert commands.strip() == "fedpcd demo"
+
+
+@needs_make
+def test_make_test_shows_why_tests_were_skipped(tmp_path):
+    commands = make_dry(fake_venv(tmp_path, ".fedpcd-core-installed", ".fedpcd-installed"), "test")
+    assert " -m pytest -rs " in commands
+
+
+@needs_make
+@pytest.mark.parametrize("kind", ["unresolvable", "silent"])
+def test_the_torch_fallback_says_whether_the_index_timed_out_or_failed_at_once(kind):
+    with socket.socket() as server:  # accepts connections and never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        host = "no-such-host.invalid" if kind == "unresolvable" else f"127.0.0.1:{server.getsockname()[1]}"
+        index = f"http://{host}/whl/cpu"
+        done = subprocess.run(  # PIP_INSTALL=true: pip is never run, the installed torch is reported
+            ["make", "-s", "--no-print-directory", "torch", f"VIRTUAL_ENV={sys.prefix}", "PIP_INSTALL=true"]
+            + [f"TORCH_CPU_INDEX={index}", "TORCH_INDEX_TIMEOUT=1"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    first, then = done.stdout.splitlines()[0], f"{torch_requirement()} from the default index"
+    if kind == "silent":
+        assert first == f"torch: {index} did not answer within 1 s: {then}"
+    else:
+        assert first.startswith(f"torch: {index} failed at once (") and first.endswith(f"): {then}")
+        assert "within" not in first
