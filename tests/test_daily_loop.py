@@ -101,3 +101,18 @@ def test_the_torch_fallback_says_whether_the_index_timed_out_or_failed_at_once(k
     else:
         assert first.startswith(f"torch: {index} failed at once (") and first.endswith(f"): {then}")
         assert "within" not in first
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git clone")
+def test_what_the_readmes_report_commands_write_in_a_clone_is_ignored_by_git():
+    readme = (ROOT / "README.md").read_text()
+    outs = {
+        line.split("--out ", 1)[1].split()[0]
+        for line in readme.splitlines()
+        if "fedpcd report " in line and "--out " in line
+    }
+    assert "board.md" in outs
+    for out in outs:  # the report's markdown and the folder of its figures beside it
+        paths = [out, f"{out.removesuffix('.md')}/curves.png"]
+        done = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True)
+        assert done.stdout.split() == paths, out
