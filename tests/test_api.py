@@ -117,7 +117,11 @@ def test_run_refuses_a_finished_run_directory(runs):
     [
         (None, {"rounds": 0}, "bad value for 'rounds' (0)"),
         (None, {"local__lrr": 0.1}, "unknown config key 'local.lrr'"),
-        (None, {"algorithm__name": "fedfoo"}, "unknown algorithm 'fedfoo'; valid choices: creff"),
+        (
+            None,
+            {"algorithm__name": "fedfoo"},
+            "unknown algorithm 'fedfoo' (did you mean 'fedproto', 'fedrod' or 'fedetf'?); valid",
+        ),
         (None, {"partition__beta": 0.1, "partition": "x"}, "conflicts with the overrides of keys inside it"),
         (None, {"local____lr": 0.1}, "'__' separates nested keys"),
         ({"algorithm": {"name": "fedprox", "mu": -1}}, {}, "bad value for 'algorithm.mu'"),

@@ -116,3 +116,72 @@ def test_what_the_readmes_report_commands_write_in_a_clone_is_ignored_by_git():
         paths = [out, f"{out.removesuffix('.md')}/curves.png"]
         done = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True)
         assert done.stdout.split() == paths, out
+
+
+# ----- did-you-mean on every name a user types ------------------------------------------------------------
+
+
+def fedpcd_cli(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The real `fedpcd` command of this environment on this checkout's code."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "fedpcd"), *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_did_you_mean_names_the_near_names_the_nearest_first():
+    from fedpcd.errors import did_you_mean
+
+    assert did_you_mean("fedgella", ["ditto", "fedgela"]) == " (did you mean 'fedgela'?)"
+    assert did_you_mean("fedavgg", ["fedag", "fedavg", "qrst"]) == " (did you mean 'fedavg' or 'fedag'?)"
+    three = " (did you mean 'fedprox', 'fedpro' or 'fedpr'?)"  # at most three
+    assert did_you_mean("fedproxx", ["fedp", "fedpr", "fedpro", "fedprox"]) == three
+    assert did_you_mean("zzz", ["fedavg"]) == "" and did_you_mean(3, ["fedavg"]) == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["algorithm.name=fedgella"], "unknown algorithm 'fedgella' (did you mean 'fedgela'"),
+        (["dataset.name=fmnst"], "unknown dataset 'fmnst' (did you mean 'fmnist'"),
+        (["model.name=simplecn"], "unknown model 'simplecn' (did you mean 'simplecnn'?); valid choices: "),
+        (
+            ["partition.scheme=dirichet"],
+            "unknown partition scheme 'dirichet' (did you mean 'dirichlet'?); valid",
+        ),
+        (
+            ["engine.exector=auto"],
+            "unknown config key 'engine.exector' (did you mean 'executor'?); valid keys",
+        ),
+        (["rouds=3"], "unknown config key 'rouds' (did you mean 'rounds'?); valid keys here: seed, "),
+        (
+            ["algorithm.name=fedgela", "algorithm.scal=2"],
+            "unknown parameter 'scal' (did you mean 'scale'?) for",
+        ),
+        (
+            ["algorithm.name=fedgela", "algorithm.preset=papr"],
+            "unknown preset 'papr' (did you mean 'paper'?)",
+        ),
+        (["--config", "exampel"], "no shipped config has that name either (did you mean 'example'?) ("),
+    ],
+)
+def test_a_mistyped_name_is_answered_with_the_near_names(tmp_path, argv, said):
+    done = fedpcd_cli("config", "show", *argv, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert said in line and line.startswith("fedpcd: error: ")
+
+
+def test_list_of_an_unknown_name_groups_the_near_names_by_kind(tmp_path):
+    done = fedpcd_cli("list", "exampel", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("fedpcd: error: unknown name 'exampel'; did you mean configs: example? (")
+    done = fedpcd_cli("list", "fedgella", cwd=tmp_path)
+    assert done.stderr.startswith("fedpcd: error: unknown name 'fedgella'; did you mean algorithms: fedgela,")
+    done = fedpcd_cli("list", "zzzz", cwd=tmp_path)
+    assert "no component or shipped config has it or a name near it" in done.stderr

@@ -44,7 +44,7 @@ from fedpcd.config import (
 )
 from fedpcd.config_input import config_path as config_file
 from fedpcd.config_input import read_yaml
-from fedpcd.errors import UserError, choices, clip, short
+from fedpcd.errors import UserError, clip, close_matches, short
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.run_format import RunFiles
 from fedpcd.utils import show_path, text_table
@@ -580,11 +580,25 @@ def describe(name: str) -> str:
             ``Field(description=...)``), as text.
 
     Raises:
-        UserError: An unknown name (the line lists the valid ones).
+        UserError: An unknown name (the line names the near ones, grouped by kind: algorithms, models,
+            datasets, partition schemes, shipped configs).
     """
     registries = _registries()
     blocks = [_block(kind, name, registry.get(name)) for kind, registry in registries if name in registry]
     if not blocks:
-        names = {n for _, registry in registries for n in registry.names()}
-        raise choices("algorithm, model, dataset or partition scheme", name, sorted(names))
+        raise UserError(_unknown_name(name, registries))
     return "\n\n".join(blocks)
+
+
+def _unknown_name(name: str, registries: list[tuple[str, Any]]) -> str:
+    """The line for a name ``fedpcd list NAME`` does not know: its near names (``close_matches``) grouped by
+    kind (the ``registries``' and the shipped configs'), or that none is near."""
+    from fedpcd.config_input import shipped_configs
+
+    named = [(f"{kind}s", registry.names()) for kind, registry in registries]
+    near = [(kinds, close_matches(name, names)) for kinds, names in [*named, ("configs", shipped_configs())]]
+    groups = "; ".join(f"{kinds}: {', '.join(found)}" for kinds, found in near if found)
+    where = "`fedpcd list` names every component, `fedpcd list configs` every shipped config"
+    if not groups:
+        return f"unknown name {short(name)}: no component or shipped config has it or a name near it; {where}"
+    return f"unknown name {short(name)}; did you mean {groups}? ({where})"

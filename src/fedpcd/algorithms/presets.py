@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedpcd.errors import UserError, short
+from fedpcd.errors import UserError, did_you_mean, short
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,10 @@ def preset_values(algorithm: str, preset: object) -> dict[str, Any]:
     known = presets_of(algorithm)
     if not isinstance(preset, str) or preset not in known:
         valid = ", ".join(sorted(known)) or "(none: this algorithm has no presets)"
-        raise UserError(f"unknown preset {short(preset)} for algorithm {algorithm!r}; valid presets: {valid}")
+        raise UserError(
+            f"unknown preset {short(preset)}{did_you_mean(preset, known)} for algorithm {algorithm!r}; valid "
+            f"presets: {valid}"
+        )
     return dict(known[preset].values)
 
 
