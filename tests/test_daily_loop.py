@@ -161,11 +161,11 @@ def test_did_you_mean_names_the_near_names_the_nearest_first():
         (["rouds=3"], "unknown config key 'rouds' (did you mean 'rounds'?); valid keys here: seed, "),
         (
             ["algorithm.name=fedgela", "algorithm.scal=2"],
-            "unknown parameter 'scal' (did you mean 'scale'?) for",
+            "unknown parameter 'scal' for algorithm 'fedgela' (did you mean 'scale'?); valid",
         ),
         (
             ["algorithm.name=fedgela", "algorithm.preset=papr"],
-            "unknown preset 'papr' (did you mean 'paper'?)",
+            "unknown preset 'papr' for algorithm 'fedgela' (did you mean 'paper'?)",
         ),
         (["--config", "exampel"], "no shipped config has that name either (did you mean 'example'?) ("),
     ],

@@ -76,8 +76,8 @@ class ParamSpec:
         if unknown:
             valid = ", ".join(sorted(self.defaults)) or "(none)"
             raise UserError(
-                f"unknown parameter {short(unknown[0])}{did_you_mean(unknown[0], self.defaults)} for "
-                f"{self.kind} {self.name!r}; valid parameters: {valid}"
+                f"unknown parameter {short(unknown[0])} for {self.kind} {self.name!r}"
+                f"{did_you_mean(unknown[0], self.defaults)}; valid parameters: {valid}"
             )
         values = {**copy.deepcopy(self.defaults), **given}  # defaults are checked too (and e.g. resolved)
         for key, value in list(values.items()):

@@ -41,7 +41,7 @@ def preset_values(algorithm: str, preset: object) -> dict[str, Any]:
     if not isinstance(preset, str) or preset not in known:
         valid = ", ".join(sorted(known)) or "(none: this algorithm has no presets)"
         raise UserError(
-            f"unknown preset {short(preset)}{did_you_mean(preset, known)} for algorithm {algorithm!r}; valid "
+            f"unknown preset {short(preset)} for algorithm {algorithm!r}{did_you_mean(preset, known)}; valid "
             f"presets: {valid}"
         )
     return dict(known[preset].values)
