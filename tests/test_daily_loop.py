@@ -4,6 +4,7 @@ the docs describe."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -185,3 +186,88 @@ def test_list_of_an_unknown_name_groups_the_near_names_by_kind(tmp_path):
     assert done.stderr.startswith("fedpcd: error: unknown name 'fedgella'; did you mean algorithms: fedgela,")
     done = fedpcd_cli("list", "zzzz", cwd=tmp_path)
     assert "no component or shipped config has it or a name near it" in done.stderr
+
+
+# ----- extending a run: fedpcd run --resume DIR rounds=N ---------------------------------------------------
+
+TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "clients=3", "local.epochs=1"]
+
+
+def records(run: Path) -> list[dict]:
+    """metrics.jsonl without the wall-clock times (which differ between equal runs)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        # round 2 had the full personal test as the last; a 4-round run tests round 2's split only
+        ["personal_full_every=3"],
+        # round 2 was evaluated as the last; a 4-round run evaluates rounds 3 and 4 only
+        ["eval_every=3", "personal_test=split"],
+    ],
+)
+def test_a_run_extended_with_rounds_n_equals_a_run_of_n_rounds_from_the_start(tmp_path, setting):
+    short, full = tmp_path / "short", tmp_path / "full"
+    for run, rounds in ((short, 2), (full, 4)):
+        done = fedpcd_cli("run", "-q", *TINY, *setting, f"rounds={rounds}", f"output_dir={run}", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    done = fedpcd_cli("run", "-q", "--resume", str(short), "rounds=4", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert records(short) == records(full) and [r["round"] for r in records(full)][-1] == 4
+    assert (short / "config.yaml").read_text() == (full / "config.yaml").read_text().replace(
+        str(full), str(short)
+    )
+    summary = json.loads((short / "summary.json").read_text())
+    assert summary["rounds"] == 4 and summary["final"]["round"] == 4
+
+
+def test_extending_takes_more_rounds_only_and_a_finished_run_says_so(tmp_path):
+    run = tmp_path / "run"
+    assert fedpcd_cli("run", "-q", *TINY, "rounds=2", f"output_dir={run}", cwd=tmp_path).returncode == 0
+    before = (run / "config.yaml").read_text()
+    done = fedpcd_cli("run", "--resume", str(run), cwd=tmp_path)
+    assert done.returncode == 0 and f"{run}: already finished (2 rounds)" in done.stderr
+    for rounds in (1, 2):
+        done = fedpcd_cli("run", "--resume", str(run), f"rounds={rounds}", cwd=tmp_path)
+        assert done.returncode == 2
+        said = f"rounds={rounds} does not extend {run}: it has run 2 rounds; give more than 2"
+        assert done.stderr == f"fedpcd: error: {said}\n"
+    done = fedpcd_cli("run", "--resume", str(run), "seed=3", cwd=tmp_path)
+    assert done.returncode == 2 and "of the overrides only rounds=N" in done.stderr
+    assert (run / "config.yaml").read_text() == before
+    # the flag takes keys and KEY=VALUE items alike: `rounds` is a key, `rounds=3` sets it
+    done = fedpcd_cli(
+        "run", "-q", "--resume", str(run), "--allow-config-change", "rounds", "rounds=3", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert [r["round"] for r in records(run)] == [1, 2, 3]
+    done = fedpcd_cli(
+        "run", "-q", "--resume", str(run), "--allow-config-change", "engine.threads=1", cwd=tmp_path
+    )
+    assert done.returncode == 0 and "threads: 1" in (run / "config.yaml").read_text()
+
+
+def test_an_algorithm_whose_rounds_depend_on_the_total_is_not_extended(tmp_path):
+    import fedpcd
+
+    run, babu = tmp_path / "run", ["algorithm.name=fedbabu", "algorithm.finetune_when=last_round"]
+    assert (
+        fedpcd_cli("run", "-q", *TINY, *babu, "rounds=1", f"output_dir={run}", cwd=tmp_path).returncode == 0
+    )
+    before = records(run)
+    use = "finetune_when=last_round fine-tunes in the last of the total rounds"
+    with pytest.raises(fedpcd.UserError, match=f"'fedbabu' cannot go on with rounds 1 -> 2: {use}, so"):
+        fedpcd.run(run, resume=True, rounds=2)
+    assert records(run) == before
+
+
+def test_which_algorithms_depend_on_the_total_rounds():
+    from fedpcd.algorithms import ALGORITHMS, build_algorithm
+
+    assert build_algorithm("fedkd").total_rounds_use() is not None  # T(t) rises over the total rounds
+    assert build_algorithm("fedkd", {"t_start": 0.9, "t_end": 0.9}).total_rounds_use() is None
+    assert build_algorithm("fedbabu").total_rounds_use() is None  # fine-tunes every round
+    others = [n for n in ALGORITHMS.names() if n not in ("fedkd", "fedbabu")]
+    assert all(build_algorithm(n).total_rounds_use() is None for n in others)

@@ -164,7 +164,9 @@ def run(
     Args:
         config: A YAML file (or the name of a shipped config, as ``--config`` takes), a `Config`, a
             mapping of config keys, or None (every default). With ``resume``, also a run directory: that
-            run continues with its config.yaml, as ``fedpcd run --resume RUN_DIR`` does.
+            run continues with its config.yaml, as ``fedpcd run --resume RUN_DIR`` does; ``rounds=N``
+            then extends it to N rounds (``fedpcd run --resume RUN_DIR rounds=N``), the same metrics as a
+            run of N rounds from the start.
         resume: Continue the run in ``output_dir`` from its last checkpoint (``fedpcd run --resume``'s own
             code); a finished run is returned as it is, a folder without a run starts it. The run there
             must have been made with this config (but for ``output_dir``, ``tracking`` and
@@ -186,9 +188,14 @@ def run(
     """
     from fedpcd.engine import check_record_hook, resume_run, run_experiment
 
+    changes: list[str] = []
     if resume and isinstance(config, (str, os.PathLike)) and Path(config).is_dir():
-        if overrides:
-            raise UserError("a run directory resumes with its config.yaml as written: give no overrides")
+        if set(overrides) - {"rounds"}:
+            raise UserError(
+                "a run directory resumes with its config.yaml as written: of the overrides only rounds=N "
+                "(more rounds: the run is extended)"
+            )
+        changes = _override_items(overrides)
         out = Path(config)
     else:
         resolved = _resolve(config, overrides)
@@ -196,7 +203,7 @@ def run(
         if not (resume and _started(resolved)):
             return _result(resolved, run_experiment(resolved, progress=progress, on_record=on_round))
         out = Path(resolved.output_dir)
-    summary = resume_run(out, progress=progress, on_record=on_round)
+    summary = resume_run(out, progress=progress, on_record=on_round, changes=changes)
     return _result(load_run_config(RunFiles(out).config, [f"output_dir={out}"]), summary)
 
 

@@ -43,12 +43,19 @@ def cmd_run(args: argparse.Namespace) -> None:
     from fedpcd.config import load_config
 
     if args.resume:
-        if args.config or args.overrides:
-            raise UserError("--resume takes only the run directory; its config.yaml is used as written")
+        # --allow-config-change KEY=VALUE sets the key too; nargs="+" also takes the overrides after it
+        allow = [item for item in args.allow_config_change if "=" not in item]
+        changes = [*args.overrides, *(item for item in args.allow_config_change if "=" in item)]
+        unflagged = [item for item in args.overrides if item.partition("=")[0] != "rounds"]
+        if args.config or unflagged:
+            raise UserError(
+                "--resume takes the run directory and its config.yaml as written; of the overrides only "
+                "rounds=N (more rounds: the run is extended), others with --allow-config-change KEY=VALUE"
+            )
         from fedpcd.engine import resume_run
 
         args.resume_hint = f"fedpcd run --resume {args.resume}"
-        summary = resume_run(args.resume, progress=not args.quiet, allow_changes=args.allow_config_change)
+        summary = resume_run(args.resume, progress=not args.quiet, allow_changes=allow, changes=changes)
         out = args.resume
     else:
         if not args.config and not args.overrides:
@@ -259,14 +266,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("--config", help=CONFIG_HELP)
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue an interrupted run; with rounds=N, extend a finished one",
+    )
     run.add_argument(
         "--allow-config-change",
         nargs="+",
         default=[],
-        metavar="KEY",
-        help="with --resume: go on although config.yaml changed these keys since the checkpoint (only "
-        "rounds, engine.checkpoint_every, engine.threads, dataset.download)",
+        metavar="KEY[=VALUE]",
+        help="with --resume: go on although config.yaml changed these keys since the checkpoint, or set them "
+        "(KEY=VALUE) (only rounds, engine.checkpoint_every, engine.threads, dataset.download); more rounds "
+        "need no flag: fedpcd run --resume RUN_DIR rounds=N",
     )
     run.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. partition.beta=0.1"
