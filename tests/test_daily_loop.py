@@ -271,3 +271,62 @@ def test_which_algorithms_depend_on_the_total_rounds():
     assert build_algorithm("fedbabu").total_rounds_use() is None  # fine-tunes every round
     others = [n for n in ALGORITHMS.names() if n not in ("fedkd", "fedbabu")]
     assert all(build_algorithm(n).total_rounds_use() is None for n in others)
+
+
+# ----- docs/configuration.md: generated from the schema, checked here ---------------------------------------
+
+
+def test_the_configuration_page_is_the_one_generated_from_the_schema():
+    from fedpcd.config_docs import configuration_page
+
+    assert (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8") == configuration_page(), (
+        "docs/configuration.md is stale: regenerate it (fedpcd.config_docs.write_page)"
+    )
+
+
+def test_the_configuration_page_has_every_key_of_the_schema_once():
+    from pydantic import BaseModel
+
+    from fedpcd.config import Config
+    from fedpcd.config_docs import configuration_page
+
+    def keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+        out = []
+        for name, info in model.model_fields.items():
+            members = [info.annotation, *getattr(info.annotation, "__args__", ())]
+            section = next((m for m in members if isinstance(m, type) and issubclass(m, BaseModel)), None)
+            out += keys(section, f"{prefix}{name}.") if section is not None else [f"{prefix}{name}"]
+        return out
+
+    page = configuration_page()
+    rows = [line.split("`")[1] for line in page.splitlines() if line.startswith("| `")]
+    assert "dataset.train_fraction" in rows and "privacy.noise_multiplier" in rows and "local.lr" in rows
+    assert sorted(set(keys(Config)) - {"privacy.secagg"}) == sorted(set(rows) - {"privacy.secagg"})
+    assert len(rows) == len(set(rows))
+    assert "``" not in page and ":func:" not in page
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert "  - Configuration: configuration.md\n" in nav
+
+
+def test_a_schema_key_without_a_description_fails_the_page():
+    from pydantic import Field
+
+    from fedpcd import config_docs
+    from fedpcd.config import Config
+
+    class Undescribed(Config):
+        new_key: int = Field(1, ge=0)
+
+    with pytest.raises(ValueError, match="config key new_key has no description"):
+        config_docs._tables(Undescribed, "", "Top-level keys", "")
+
+
+def test_docstring_markup_is_shown_plain_on_the_command_line(tmp_path):
+    from fedpcd.utils import plain_text
+
+    assert plain_text("``head_epochs`` of :func:`fedpcd.run` and :class:`~fedpcd.Config`") == (
+        "`head_epochs` of `fedpcd.run` and `fedpcd.Config`"
+    )
+    for argv in (["--help"], ["list"], ["list", "fedbabu"], ["list", "configs"]):
+        done = fedpcd_cli(*argv, cwd=tmp_path)
+        assert done.returncode == 0 and "``" not in done.stdout and ":func:" not in done.stdout, argv

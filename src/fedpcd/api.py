@@ -47,7 +47,7 @@ from fedpcd.config_input import read_yaml
 from fedpcd.errors import UserError, clip, close_matches, short
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.run_format import RunFiles
-from fedpcd.utils import show_path, text_table
+from fedpcd.utils import plain_text, show_path, text_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -505,8 +505,8 @@ def _registries() -> list[tuple[str, Any]]:
 
 
 def _paragraph(doc: str | None) -> str:
-    """The first paragraph of a docstring on one line."""
-    return " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
+    """The first paragraph of a docstring on one line, without reST markup (``plain_text``)."""
+    return plain_text(" ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split()))
 
 
 def _citation(text: str) -> str | None:
@@ -559,7 +559,7 @@ def _block(kind: str, name: str, obj: Any) -> str:
     defaults = spec.validate({})  # as a config gets them (e.g. longtail's ``then`` with its scheme's)
     rows = [[key, type_text(spec.annotations[key]), _default_text(value)] for key, value in defaults.items()]
     header = ["parameter", "type", "default"]
-    descriptions = [param_description(spec.annotations[key]) for key in defaults]
+    descriptions = [plain_text(param_description(spec.annotations[key])) for key in defaults]
     if any(descriptions):  # declared as Field(description=...) in the parameter's annotation
         header.append("description")
         rows = [[*row, text or "-"] for row, text in zip(rows, descriptions, strict=True)]

@@ -147,6 +147,7 @@ def cmd_list(args: argparse.Namespace) -> None:
     from fedpcd.data.datasets import DATASETS
     from fedpcd.data.partition import PARTITIONERS
     from fedpcd.models import MODELS
+    from fedpcd.utils import plain_text
 
     for kind, reg in [
         ("algorithm", ALGORITHMS),
@@ -156,19 +157,20 @@ def cmd_list(args: argparse.Namespace) -> None:
     ]:
         for name in reg.names():
             head = f"{kind:<10} {name:<14} "
-            print(head + shorten((reg.get(name).__doc__ or "").strip(), LIST_WIDTH - len(head)))
+            print(head + shorten(plain_text((reg.get(name).__doc__ or "").strip()), LIST_WIDTH - len(head)))
 
 
 def _list_configs() -> None:
     """Each shipped config's name (what ``--config`` takes) and its leading comment's first sentence."""
     from fedpcd.config_input import shipped_configs
+    from fedpcd.utils import plain_text
 
     shipped = shipped_configs()
     width = max(map(len, shipped)) + 2
     for name, path in shipped.items():
         lines = path.read_text(encoding="utf-8").splitlines()
         comment = [line.lstrip("#").strip() for line in itertools.takewhile(_is_comment, lines)]
-        print(f"{name:<{width}}" + shorten("\n".join(comment), LIST_WIDTH - width))
+        print(f"{name:<{width}}" + shorten(plain_text("\n".join(comment)), LIST_WIDTH - width))
 
 
 def _is_comment(line: str) -> bool:
@@ -259,7 +261,9 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedpcd", description=__doc__)
+    from fedpcd.utils import plain_text
+
+    parser = argparse.ArgumentParser(prog="fedpcd", description=plain_text(__doc__ or ""))
     parser.add_argument("--version", action="version", version=f"fedpcd {__version__}")
     _add_verbosity(parser, quiet_note="; run, demo: no progress bar")
     sub = parser.add_subparsers(dest="command", required=True)
