@@ -330,3 +330,49 @@ def test_docstring_markup_is_shown_plain_on_the_command_line(tmp_path):
     for argv in (["--help"], ["list"], ["list", "fedbabu"], ["list", "configs"]):
         done = fedpcd_cli(*argv, cwd=tmp_path)
         assert done.returncode == 0 and "``" not in done.stdout and ":func:" not in done.stdout, argv
+
+
+# ----- reading an offline W&B run back as docs/trackers.md says (no network) -------------------------------
+
+
+def test_the_documented_ways_to_read_an_offline_wandb_run_back_work(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    pytest.importorskip("pandas")
+    from doc_blocks import blocks
+
+    run = tmp_path / "runs" / "sweep" / "RUN"
+    argv = [
+        "run",
+        "-q",
+        *TINY,
+        "rounds=2",
+        "personal_full_every=1",
+        "tracking.loggers=[wandb]",
+        f"output_dir={run}",
+    ]
+    assert fedpcd_cli(*argv, cwd=tmp_path).returncode == 0
+    section = [
+        b for b in blocks("docs/trackers.md") if "offline-run-*" in b.code or "metrics.jsonl" in b.code
+    ]
+    python = next(b.code for b in section if b.lang == "python")
+    bash = next(b.code for b in section if b.lang == "bash" and "leet inspect" in b.code)
+    expected = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    env = {"pd": __import__("pandas")}
+    monkeypatch.chdir(tmp_path)  # the docs' paths are relative, as in a user's project folder
+    exec(compile(python.replace("history[", "got = history["), "trackers.md", "exec"), env)
+    assert env["got"].to_dict() == {r["round"]: r["global_acc"] for r in expected}
+
+    history_line, summary_line = [line for line in bash.splitlines() if line.strip()]
+    wandb_bin = str(Path(sys.executable).parent)
+    shell = {**os.environ, "PATH": f"{wandb_bin}:{os.environ['PATH']}", "WANDB_MODE": "offline"}
+    out = subprocess.run(history_line, shell=True, cwd=tmp_path, env=shell, capture_output=True, text=True)
+    items = [json.loads(line)["history"]["item"] for line in out.stdout.splitlines()]
+    assert [i["_step"] for i in items] == [r["round"] for r in expected]
+    for item, record in zip(items, expected, strict=True):  # every logged number is the record's
+        numbers = {k: v for k, v in item.items() if not k.startswith("_")}
+        assert numbers and all(record[k] == v for k, v in numbers.items()), numbers
+    summary = subprocess.run(
+        summary_line, shell=True, cwd=tmp_path, env=shell, capture_output=True, text=True
+    )
+    assert summary.returncode == 0 and str(expected[-1]["global_acc"])[:6] in summary.stdout
