@@ -376,3 +376,61 @@ def test_the_documented_ways_to_read_an_offline_wandb_run_back_work(tmp_path, mo
         summary_line, shell=True, cwd=tmp_path, env=shell, capture_output=True, text=True
     )
     assert summary.returncode == 0 and str(expected[-1]["global_acc"])[:6] in summary.stdout
+
+
+# ----- hf: datasets saved as one split; images that are not square ----------------------------------------
+
+
+def test_the_test_split_carved_from_one_split_is_a_sixth_of_each_class_and_fixed():
+    import numpy as np
+
+    from fedpcd.data.hf import carve_test
+
+    labels = np.array(["a"] * 12 + ["b"] * 7 + ["c"] * 2 + ["d"])
+    held = carve_test(labels)
+    assert held.tolist() == sorted(set(held.tolist())) and carve_test(labels).tolist() == held.tolist()
+    counts = {c: int((labels[held] == c).sum()) for c in "abcd"}
+    assert counts == {
+        "a": 2,
+        "b": 1,
+        "c": 1,
+        "d": 0,
+    }  # round(n / 6), at least one of two or more, none of one
+
+
+def test_a_single_split_folder_loads_with_the_carved_test_split(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    import numpy as np
+
+    from fedpcd.data.hf import carve_test, load_hub_dataset
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    labels = [c for c in range(3) for _ in range(12)]
+    images = [np.full((4, 4), 7 * i, dtype=np.uint8) for i in range(len(labels))]  # image i: value 7 * i
+    features = datasets.Features(
+        {"image": datasets.Array2D((4, 4), "uint8"), "label": datasets.ClassLabel(num_classes=3)}
+    )
+    datasets.Dataset.from_dict({"image": images, "label": labels}, features=features).save_to_disk(
+        str(tmp_path / "me" / "one")
+    )
+    ds = load_hub_dataset("me/one", tmp_path, download=False)
+    held = carve_test(np.array(labels).astype(str))
+    assert ds.test_x[:, 0, 0, 0].tolist() == [7 * i for i in held.tolist()]
+    assert ds.test_y.tolist() == [labels[i] for i in held] and ds.test_y.bincount().tolist() == [2, 2, 2]
+    assert len(ds.train_y) == 30 and ds.train_y.bincount().tolist() == [10, 10, 10]
+
+
+def test_non_square_images_are_refused_with_the_reason(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    import numpy as np
+
+    from fedpcd.data.hf import load_hub_dataset
+    from fedpcd.errors import UserError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    part = datasets.Dataset.from_dict(
+        {"image": [np.zeros((4, 6), dtype=np.uint8)] * 4, "label": [0, 1, 0, 1]}
+    )
+    datasets.DatasetDict({"train": part, "test": part}).save_to_disk(str(tmp_path / "me" / "wide"))
+    with pytest.raises(UserError, match=r"images are 6x4 \(width x height\); fedpcd needs square images"):
+        load_hub_dataset("me/wide", tmp_path, download=False)
