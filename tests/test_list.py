@@ -178,6 +178,7 @@ def test_shorten_keeps_a_fitting_first_sentence_and_cuts_a_long_one_at_a_word_wi
 
 def test_plain_list_lines_fit_and_mark_every_shortened_description(capsys):
     from fedpcd.cli import LIST_WIDTH
+    from fedpcd.utils import plain_text
 
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -185,7 +186,7 @@ def test_plain_list_lines_fit_and_mark_every_shortened_description(capsys):
     for line in lines:
         kind, name = line.split()[:2]
         registry = next(reg for k, reg in REGISTRIES.items() if k.startswith(kind))
-        doc = " ".join(registry.get(name).__doc__.split("\n\n")[0].split())
+        doc = plain_text(" ".join(registry.get(name).__doc__.split("\n\n")[0].split()))  # `x`, not ``x``
         text = line[len(f"{kind:<10} {name:<14} ") :]
         assert len(line) <= LIST_WIDTH
         if "…" in text:
