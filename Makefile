@@ -1,4 +1,5 @@
-# Set-up and the two README commands: `make demo` and `make test`.
+# Set-up and the two README commands: `make demo` (installs the core and torch only) and `make test` (also
+# the extras the suite needs).
 # Outside a virtual environment everything installs into the project's own `.venv`, made with the system
 # `python3` (so an externally-managed interpreter such as Debian's is never touched); inside one, that one
 # is used. Every recipe runs with the environment's bin/ first on PATH.
@@ -20,22 +21,42 @@ TORCH ?= torch==2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_INDEX_TIMEOUT ?= 10
 PIP_INSTALL ?= $(PY) -m pip install --disable-pip-version-check
-# what `make install` last installed: it reruns pip only when pyproject.toml or this Makefile changed
+# what was last installed: each stamp reruns its pip only when pyproject.toml or this Makefile changed.
+# CORE_STAMP: fedpcd alone and torch (`make demo`); STAMP: the extras the suite uses too (`make install`,
+# `make test`). A core install never uninstalls an extra, so `make demo` after `make test` changes nothing.
+CORE_STAMP := $(VIRTUAL_ENV)/.fedpcd-core-installed
 STAMP := $(VIRTUAL_ENV)/.fedpcd-installed
+TEST_EXTRAS := test,flower,docs,trackers,privacy,hf,cluster
 
-.PHONY: install torch demo test check-release bench
+.PHONY: install install-core torch demo test check-release bench
 
 $(PY):
 	$(SYSTEM_PYTHON) -m venv $(VIRTUAL_ENV)
 
+# prints nothing where the index answers, else what happened: no answer within the timeout, or a failure
+# at once (a name that does not resolve, a refused connection, an HTTP error) with its reason
+define PROBE_INDEX
+import sys, urllib.request
+url, timeout = sys.argv[1].rstrip("/") + "/torch/", float(sys.argv[2])
+try:
+    urllib.request.urlopen(url, timeout=timeout)
+except Exception as exc:
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, TimeoutError):
+        print(f"did not answer within {sys.argv[2]} s")
+    else:
+        print(f"failed at once ({str(reason) or type(reason).__name__})")
+endef
+export PROBE_INDEX
+
 torch: $(PY)
-	@if $(PY) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=float(sys.argv[2]))' \
-	      "$(TORCH_CPU_INDEX)" "$(TORCH_INDEX_TIMEOUT)" 2>/dev/null; then \
+	@failure=$$($(PY) -c "$$PROBE_INDEX" "$(TORCH_CPU_INDEX)" "$(TORCH_INDEX_TIMEOUT)" 2>&1); \
+	if [ -z "$$failure" ]; then \
 	  from="the CPU index $(TORCH_CPU_INDEX)"; \
 	  $(PIP_INSTALL) --timeout $(TORCH_INDEX_TIMEOUT) --index-url "$(TORCH_CPU_INDEX)" "$(TORCH)" \
 	    || { echo "torch: the install from $(TORCH_CPU_INDEX) failed: $(TORCH) from the default index"; from=; }; \
 	else \
-	  echo "torch: $(TORCH_CPU_INDEX) did not answer within $(TORCH_INDEX_TIMEOUT) s: $(TORCH) from the default index"; \
+	  echo "torch: $(TORCH_CPU_INDEX) $$failure: $(TORCH) from the default index"; \
 	fi; \
 	if [ -z "$$from" ]; then $(PIP_INSTALL) "$(TORCH)" || exit 1; from="the default index"; fi; \
 	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
@@ -44,18 +65,23 @@ torch: $(PY)
 	  "$$(du -smc "$$site"/nvidia* "$$site"/triton 2>/dev/null | tail -n1 | cut -f1) MB of CUDA libraries (nvidia*, triton)"
 
 install: $(STAMP)
+install-core: $(CORE_STAMP)
 
-$(STAMP): pyproject.toml Makefile | $(PY)
+$(CORE_STAMP): pyproject.toml Makefile | $(PY)
 	@if [ ! -d $(FMNIST) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
 	  else echo "note: install Debian's dataset-fashion-mnist (sudo apt-get install dataset-fashion-mnist) or set FEDPCD_DATA"; fi; \
 	fi
 	@$(MAKE) --no-print-directory torch
-	$(PIP_INSTALL) -e ".[test,flower,docs,trackers,privacy,hf,cluster]"
+	$(PIP_INSTALL) -e .
+	@touch $(CORE_STAMP)
+
+$(STAMP): $(CORE_STAMP) pyproject.toml Makefile
+	$(PIP_INSTALL) -e ".[$(TEST_EXTRAS)]"
 	@touch $(STAMP)
 
-demo: install
+demo: install-core
 	fedpcd demo
 
 # the suite's files spread over the cores (a file's tests share one worker: its module fixtures run once),
@@ -66,7 +92,7 @@ demo: install
 # run in `make check-release` (CI runs both: .ci/run)
 test: install
 	ruff check src tests benchmarks
-	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -rs -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 check-release: install
 	$(PY) -m pytest -m release -n auto --maxprocesses 4 --dist loadfile

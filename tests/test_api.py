@@ -117,7 +117,11 @@ def test_run_refuses_a_finished_run_directory(runs):
     [
         (None, {"rounds": 0}, "bad value for 'rounds' (0)"),
         (None, {"local__lrr": 0.1}, "unknown config key 'local.lrr'"),
-        (None, {"algorithm__name": "fedfoo"}, "unknown algorithm 'fedfoo'; valid choices: creff"),
+        (
+            None,
+            {"algorithm__name": "fedfoo"},
+            "unknown algorithm 'fedfoo' (did you mean 'fedproto', 'fedrod' or 'fedetf'?); valid",
+        ),
         (None, {"partition__beta": 0.1, "partition": "x"}, "conflicts with the overrides of keys inside it"),
         (None, {"local____lr": 0.1}, "'__' separates nested keys"),
         ({"algorithm": {"name": "fedprox", "mu": -1}}, {}, "bad value for 'algorithm.mu'"),
@@ -292,8 +296,8 @@ def test_resume_takes_a_run_directory_as_the_cli_does_and_returns_a_finished_run
     written = (tmp_path / "api" / "metrics.jsonl").read_bytes()
     again = fedpcd.run(str(tmp_path / "api"), resume=True)  # finished: nothing runs
     assert again.summary == result.summary and (tmp_path / "api" / "metrics.jsonl").read_bytes() == written
-    with pytest.raises(fedpcd.UserError, match="resumes with its config.yaml as written: give no overrides"):
-        fedpcd.run(tmp_path / "api", resume=True, rounds=3)
+    with pytest.raises(fedpcd.UserError, match="as written: of the overrides only rounds=N"):
+        fedpcd.run(tmp_path / "api", resume=True, seed=3)
     with pytest.raises(fedpcd.UserError, match="nothing to resume"):
         fedpcd.run(tmp_path, resume=True)  # a folder that is no run
 

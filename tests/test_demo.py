@@ -76,3 +76,6 @@ def test_eta_extrapolates_the_finished_methods():
     assert eta([100.0, 140.0], 4) == (
         " (demo ETA: about 8 min for the 4 methods left, at the mean time of the 2 finished)"
     )
+    assert eta([30.0], 1) == (  # the last method: singular
+        " (demo ETA: about 30 s for the one method left, at the mean time of the one finished)"
+    )

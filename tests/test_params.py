@@ -123,7 +123,8 @@ def test_long_bad_values_are_clipped() -> None:
 
 def test_unknown_parameter_lists_the_valid_ones() -> None:
     with pytest.raises(
-        UserError, match=r"unknown parameter 'sale' for algorithm 'fedgela'; valid parameters: "
+        UserError,
+        match=r"unknown parameter 'sale' for algorithm 'fedgela' \(did you mean 'scale'\?\); valid ",
     ):
         build_algorithm("fedgela", {"sale": 2.0})
     with pytest.raises(

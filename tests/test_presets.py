@@ -81,7 +81,8 @@ def test_an_unknown_preset_is_one_line_naming_the_valid_ones():
     with pytest.raises(UserError) as err:
         load_config(None, ["algorithm.name=fedsc", "algorithm.preset=offical"])
     assert str(err.value) == (
-        "unknown preset 'offical' for algorithm 'fedsc'; valid presets: code_intended, official, paper"
+        "unknown preset 'offical' for algorithm 'fedsc' (did you mean 'official'?); valid presets: "
+        "code_intended, official, paper"
     )
     with pytest.raises(UserError, match="^unknown preset 'paper' for algorithm 'fedavg'; valid presets: "):
         load_config(None, ["algorithm.preset=paper"])

@@ -56,11 +56,12 @@ def test_the_pages_blocks_are_found_with_their_directives():
     readme = blocks("README.md")
     assert [(b.lang, b.runs, b.in_clone) for b in readme if b.lang in ("bash", "python")] == [
         ("bash", False, False),  # set-up: skipped
+        ("bash", False, False),  # the set-up with pip: skipped
         ("bash", True, False),  # the commands: from the wheel, shortened
         ("bash", True, True),  # reports of the archived runs: in a clone
         ("python", True, False),
     ]
-    assert readme[1].directive is not None and readme[1].directive[0] == "with"
+    assert readme[2].directive is not None and readme[2].directive[0] == "with"
     guide = blocks("docs/getting-started.md")
     assert guide[0].directive is not None and guide[0].directive[0] == "skip"
     assert [b.save_as for b in guide if b.lang == "yaml"] == ["my-sweep.yaml"]

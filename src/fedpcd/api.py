@@ -45,10 +45,10 @@ from fedpcd.config import (
 )
 from fedpcd.config_input import config_path as config_file
 from fedpcd.config_input import read_yaml
-from fedpcd.errors import UserError, clip, short
+from fedpcd.errors import UserError, clip, close_matches, short
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.run_format import RunFiles
-from fedpcd.utils import show_path, text_table
+from fedpcd.utils import plain_text, show_path, text_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -165,7 +165,9 @@ def run(
     Args:
         config: A YAML file (or the name of a shipped config, as ``--config`` takes), a `Config`, a
             mapping of config keys, or None (every default). With ``resume``, also a run directory: that
-            run continues with its config.yaml, as ``fedpcd run --resume RUN_DIR`` does.
+            run continues with its config.yaml, as ``fedpcd run --resume RUN_DIR`` does; ``rounds=N``
+            then extends it to N rounds (``fedpcd run --resume RUN_DIR rounds=N``), the same metrics as a
+            run of N rounds from the start.
         resume: Continue the run in ``output_dir`` from its last checkpoint (``fedpcd run --resume``'s own
             code); a finished run is returned as it is, a folder without a run starts it. The run there
             must have been made with this config (but for ``output_dir``, ``tracking`` and
@@ -187,9 +189,14 @@ def run(
     """
     from fedpcd.engine import check_record_hook, resume_run, run_experiment
 
+    changes: list[str] = []
     if resume and isinstance(config, (str, os.PathLike)) and Path(config).is_dir():
-        if overrides:
-            raise UserError("a run directory resumes with its config.yaml as written: give no overrides")
+        if set(overrides) - {"rounds"}:
+            raise UserError(
+                "a run directory resumes with its config.yaml as written: of the overrides only rounds=N "
+                "(more rounds: the run is extended)"
+            )
+        changes = _override_items(overrides)
         out = Path(config)
     else:
         resolved = _resolve(config, overrides)
@@ -197,7 +204,7 @@ def run(
         if not (resume and _started(resolved)):
             return _result(resolved, run_experiment(resolved, progress=progress, on_record=on_round))
         out = Path(resolved.output_dir)
-    summary = resume_run(out, progress=progress, on_record=on_round)
+    summary = resume_run(out, progress=progress, on_record=on_round, changes=changes)
     return _result(load_run_config(RunFiles(out).config, [f"output_dir={out}"]), summary)
 
 
@@ -494,8 +501,8 @@ _YEAR = re.compile(r"\b(?:19|20)\d\d\b")
 
 
 def _paragraph(doc: str | None) -> str:
-    """The first paragraph of a docstring on one line."""
-    return " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
+    """The first paragraph of a docstring on one line, without reST markup (``plain_text``)."""
+    return plain_text(" ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split()))
 
 
 def _citation(text: str) -> str | None:
@@ -574,7 +581,7 @@ def _block(kind: str, name: str, obj: Any) -> str:
     defaults = spec.validate({})  # as a config gets them (e.g. longtail's ``then`` with its scheme's)
     rows = [[key, type_text(spec.annotations[key]), _default_text(value)] for key, value in defaults.items()]
     header = ["parameter", "type", "default"]
-    descriptions = [param_description(spec.annotations[key]) for key in defaults]
+    descriptions = [plain_text(param_description(spec.annotations[key])) for key in defaults]
     if any(descriptions):  # declared as Field(description=...) in the parameter's annotation
         header.append("description")
         rows = [[*row, text or "-"] for row, text in zip(rows, descriptions, strict=True)]
@@ -602,13 +609,29 @@ def describe(name: str) -> str:
             ``Field(description=...)``), as text.
 
     Raises:
-        UserError: An unknown name (the line lists the valid ones).
+        UserError: An unknown name (the line names the near ones, grouped by kind: algorithms, models,
+            datasets, partition schemes, shipped configs).
     """
-    from fedpcd.catalog import HOMES, check_name, holds, registry
+    from fedpcd.catalog import HOMES, catalog, holds, registry
 
     kinds = [kind for kind in HOMES if holds(kind, name)]
     if not kinds and _section(name) is not None:
         return _section_block(name, _section(name))
-    check_name(name)  # an unknown name is answered without importing the components (no torch)
+    if not kinds:  # answered without importing the components (no torch)
+        raise UserError(_unknown_name(name, [(kind, list(catalog(kind))) for kind in HOMES]))
     # only the registries that hold the name are imported
     return "\n\n".join(_block(kind, name, registry(kind).get(name)) for kind in kinds)
+
+
+def _unknown_name(name: str, named: list[tuple[str, list[str]]]) -> str:
+    """The line for a name ``fedpcd list NAME`` does not know: its near names (``close_matches``) grouped by
+    kind (the components' ``named`` (kind, names) and the shipped configs'), or that none is near."""
+    from fedpcd.config_input import shipped_configs
+
+    kinds = [(f"{kind}s", names) for kind, names in named]
+    near = [(kind, close_matches(name, names)) for kind, names in [*kinds, ("configs", shipped_configs())]]
+    groups = "; ".join(f"{kind}: {', '.join(found)}" for kind, found in near if found)
+    where = "`fedpcd list` names every component, `fedpcd list configs` every shipped config"
+    if not groups:
+        return f"unknown name {short(name)}: no component or shipped config has it or a name near it; {where}"
+    return f"unknown name {short(name)}; did you mean {groups}? ({where})"

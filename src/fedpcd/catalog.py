@@ -19,7 +19,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from fedpcd.errors import choices
 from fedpcd.registry import PLUGIN_GROUPS, Registry
 
 # kind -> (the module holding its registry, the registry's name, the decorator calls that register into it)
@@ -55,18 +54,6 @@ def catalog(kind: str) -> dict[str, str]:
 def holds(kind: str, name: str) -> bool:
     """Whether ``name`` is a component of ``kind``: registered, or (a dataset) any ``hf:<hub name>``."""
     return name in catalog(kind) or (kind == "dataset" and name.startswith(HF_PREFIX))
-
-
-def check_name(name: str) -> None:
-    """Refuse a name that is no component of any kind, with the registered names (``fedpcd list NAME``'s
-    error).
-
-    Raises:
-        UserError: ``name`` is no algorithm, model, dataset or partition scheme.
-    """
-    if not any(holds(kind, name) for kind in HOMES):
-        names = sorted({known for kind in HOMES for known in catalog(kind)})
-        raise choices("algorithm, model, dataset or partition scheme", name, names)
 
 
 @functools.cache

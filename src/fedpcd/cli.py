@@ -50,12 +50,19 @@ def cmd_run(args: argparse.Namespace) -> None:
     from fedpcd.config import load_config
 
     if args.resume:
-        if args.config or args.overrides:
-            raise UserError("--resume takes only the run directory; its config.yaml is used as written")
+        # --allow-config-change KEY=VALUE sets the key too; nargs="+" also takes the overrides after it
+        allow = [item for item in args.allow_config_change if "=" not in item]
+        changes = [*args.overrides, *(item for item in args.allow_config_change if "=" in item)]
+        unflagged = [item for item in args.overrides if item.partition("=")[0] != "rounds"]
+        if args.config or unflagged:
+            raise UserError(
+                "--resume takes the run directory and its config.yaml as written; of the overrides only "
+                "rounds=N (more rounds: the run is extended), others with --allow-config-change KEY=VALUE"
+            )
         from fedpcd.engine import resume_run
 
         args.resume_hint = f"fedpcd run --resume {args.resume}"
-        summary = resume_run(args.resume, progress=not args.quiet, allow_changes=args.allow_config_change)
+        summary = resume_run(args.resume, progress=not args.quiet, allow_changes=allow, changes=changes)
         out = args.resume
     else:
         if not args.config and not args.overrides:
@@ -147,6 +154,7 @@ def cmd_list(args: argparse.Namespace) -> None:
         return
 
     from fedpcd.catalog import catalog  # the names and docstrings read from the source: no torch
+    from fedpcd.utils import plain_text
 
     for kind, label in [
         ("algorithm", "algorithm"),
@@ -156,19 +164,20 @@ def cmd_list(args: argparse.Namespace) -> None:
     ]:
         for name, doc in catalog(kind).items():
             head = f"{label:<10} {name:<14} "
-            print(head + shorten(doc.strip(), LIST_WIDTH - len(head)))
+            print(head + shorten(plain_text(doc.strip()), LIST_WIDTH - len(head)))
 
 
 def _list_configs() -> None:
     """Each shipped config's name (what ``--config`` takes) and its leading comment's first sentence."""
     from fedpcd.config_input import shipped_configs
+    from fedpcd.utils import plain_text
 
     shipped = shipped_configs()
     width = max(map(len, shipped)) + 2
     for name, path in shipped.items():
         lines = path.read_text(encoding="utf-8").splitlines()
         comment = [line.lstrip("#").strip() for line in itertools.takewhile(_is_comment, lines)]
-        print(f"{name:<{width}}" + shorten("\n".join(comment), LIST_WIDTH - width))
+        print(f"{name:<{width}}" + shorten(plain_text("\n".join(comment)), LIST_WIDTH - width))
 
 
 def _is_comment(line: str) -> bool:
@@ -259,21 +268,28 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedpcd", description=__doc__)
+    from fedpcd.utils import plain_text
+
+    parser = argparse.ArgumentParser(prog="fedpcd", description=plain_text(__doc__ or ""))
     parser.add_argument("--version", action="version", version=f"fedpcd {__version__}")
     _add_verbosity(parser, quiet_note="; run, demo: no progress bar")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("--config", help=CONFIG_HELP)
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue an interrupted run; with rounds=N, extend a finished one",
+    )
     run.add_argument(
         "--allow-config-change",
         nargs="+",
         default=[],
-        metavar="KEY",
-        help="with --resume: go on although config.yaml changed these keys since the checkpoint (only "
-        "rounds, engine.checkpoint_every, engine.threads, dataset.download)",
+        metavar="KEY[=VALUE]",
+        help="with --resume: go on although config.yaml changed these keys since the checkpoint, or set them "
+        "(KEY=VALUE) (only rounds, engine.checkpoint_every, engine.threads, dataset.download); more rounds "
+        "need no flag: fedpcd run --resume RUN_DIR rounds=N",
     )
     run.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. partition.beta=0.1"

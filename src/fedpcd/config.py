@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedpcd.config_input import check_values, config_path, merge_dicts, parse_overrides, read_yaml
-from fedpcd.errors import UserError, clip, short
+from fedpcd.errors import UserError, clip, did_you_mean, short
 from fedpcd.params import LocalTraining, Section, validate_params
 
 MAX_THREADS = 1024  # engine.threads
@@ -503,10 +503,11 @@ def _one_line(exc: ValidationError, model: type[BaseModel]) -> str:
         try:
             for part in loc[:-1]:
                 section = section.model_fields[part].annotation
-            valid = ", ".join(section.model_fields)
+            fields = list(section.model_fields)
         except (AttributeError, KeyError):
             return f"unknown config key {key!r}"
-        return f"unknown config key {key!r}; valid keys here: {valid}"
+        hint = did_you_mean(loc[-1], fields)
+        return f"unknown config key {key!r}{hint}; valid keys here: {', '.join(fields)}"
     if err["type"] == "literal_error":
         return f"bad value for {key!r}: {err['msg'].lower()}"
     if err["type"] == "invalid_key":

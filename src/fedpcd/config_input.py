@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from fedpcd.errors import UserError, clip, short
+from fedpcd.errors import UserError, clip, did_you_mean, short
 from fedpcd.utils import read_user_text, show_path
 
 MAX_DEPTH = 32  # nesting levels of a config (YAML file, override value, or the merged tree)
@@ -159,7 +159,10 @@ def config_path(value: str) -> str:
         problem = f"--config {show_path(value)} is a folder, not a config file"
     else:
         problem = f"config file not found: {show_path(value)}"
-    raise UserError(f"{problem}; no shipped config has that name either (`fedpcd list configs` shows them)")
+    near = did_you_mean(name, shipped)
+    raise UserError(
+        f"{problem}; no shipped config has that name either{near} (`fedpcd list configs` shows them)"
+    )
 
 
 def read_yaml(path: str | Path, links: bool = True) -> dict[str, Any]:

@@ -122,7 +122,8 @@ def eta(trained: list[float], remaining: int) -> str:
     seconds = remaining * sum(trained) / len(trained)
     left = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
     done = f"the {len(trained)} finished" if len(trained) > 1 else "the one finished"
-    return f" (demo ETA: about {left} for the {remaining} methods left, at the mean time of {done})"
+    methods = f"the {remaining} methods" if remaining > 1 else "the one method"
+    return f" (demo ETA: about {left} for {methods} left, at the mean time of {done})"
 
 
 def run_demo(out: Path, overrides: list[str], progress: bool = True) -> str:

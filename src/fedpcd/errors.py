@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import reprlib
 import signal
+from collections.abc import Iterable
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 80
@@ -48,8 +50,41 @@ class UserError(Exception):
     """
 
 
+def close_matches(name: object, valid: Iterable[str]) -> list[str]:
+    """The valid names nearest to a mistyped one (``difflib.get_close_matches``: at most 3, similarity at
+    least 0.6, the nearest first; none for a name that is not text).
+
+    Args:
+        name: The name given.
+        valid: The valid names.
+
+    Returns:
+        The near names, e.g. ``['fedgela']`` for ``'fedgella'``.
+    """
+    if not isinstance(name, str):
+        return []
+    return difflib.get_close_matches(name, list(valid), n=3, cutoff=0.6)
+
+
+def did_you_mean(name: object, valid: Iterable[str]) -> str:
+    """`` (did you mean 'a'?)`` (or ``'a', 'b' or 'c'``) for the :func:`close_matches` of ``name``; empty when
+    none is near. Every message about an unknown name a user typed puts it after the name.
+
+    Args:
+        name: The name given.
+        valid: The valid names.
+
+    Returns:
+        The clause, with its leading space, or "".
+    """
+    near = [repr(n) for n in close_matches(name, valid)]
+    if not near:
+        return ""
+    return f" (did you mean {' or '.join([', '.join(near[:-1]), near[-1]] if len(near) > 1 else near)}?)"
+
+
 def choices(kind: str, name: object, valid: list[str] | tuple[str, ...]) -> UserError:
-    """The standard 'unknown X' error naming the valid choices.
+    """The standard 'unknown X' error naming the near names and the valid choices.
 
     Args:
         kind: What was asked for, e.g. ``algorithm``.
@@ -57,9 +92,11 @@ def choices(kind: str, name: object, valid: list[str] | tuple[str, ...]) -> User
         valid: The valid names.
 
     Returns:
-        The error (to raise): ``unknown algorithm 'x'; valid choices: a, b``.
+        The error (to raise): ``unknown algorithm 'fedgella' (did you mean 'fedgela'?); valid choices: a,
+            b``.
     """
-    return UserError(f"unknown {kind} {short(name)}; valid choices: {', '.join(sorted(valid))}")
+    hint = did_you_mean(name, valid)
+    return UserError(f"unknown {kind} {short(name)}{hint}; valid choices: {', '.join(sorted(valid))}")
 
 
 class DivergenceError(UserError):

@@ -39,7 +39,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from fedpcd.errors import UserError, clip, short
+from fedpcd.errors import UserError, clip, did_you_mean, short
 
 # the config section of each kind: errors name parameters as config keys (partition.beta, model.hidden)
 SECTIONS = {"algorithm": "algorithm", "model": "model", "partition scheme": "partition"}
@@ -76,8 +76,8 @@ class ParamSpec:
         if unknown:
             valid = ", ".join(sorted(self.defaults)) or "(none)"
             raise UserError(
-                f"unknown parameter {short(unknown[0])} for {self.kind} {self.name!r}; "
-                f"valid parameters: {valid}"
+                f"unknown parameter {short(unknown[0])} for {self.kind} {self.name!r}"
+                f"{did_you_mean(unknown[0], self.defaults)}; valid parameters: {valid}"
             )
         values = {**copy.deepcopy(self.defaults), **given}  # defaults are checked too (and e.g. resolved)
         for key, value in list(values.items()):

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -292,3 +293,12 @@ def text_table(rows: list[list[str]], header: list[str]) -> str:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     rule = ["-" * w for w in widths]
     return "\n".join([fmt.format(*header), fmt.format(*rule)] + [fmt.format(*r) for r in rows])
+
+
+_ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc|ref):`~?([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """Docstring text without reST markup, as the command line and the generated docs show it: ``x`` and
+    :func:`x` (any role) become `x` (Markdown's code), everything else is kept."""
+    return _ROLE.sub(r"`\1`", text.replace("``", "`"))

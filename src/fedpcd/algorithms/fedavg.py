@@ -285,6 +285,13 @@ class FedAvg:
             model.load_state_dict(server["model"])
         return model
 
+    def total_rounds_use(self) -> str | None:
+        """What of this method depends on the run's total number of rounds (``ctx.rounds``), in words; None
+        when nothing does (FedAvg). A resume that raises ``rounds`` is refused where it is not None: the
+        rounds already run were computed for the old total, so the longer run would not equal one made
+        with the new total from the start."""
+        return None
+
     def extra_global_predictors(
         self, model: nn.Module, server: dict[str, Any]
     ) -> Iterator[tuple[str, Predictor]]:

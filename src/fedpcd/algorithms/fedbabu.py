@@ -44,6 +44,12 @@ class FedBABU(FedPer):
         """Body only during FL (the head is not in the optimiser); everything while fine-tuning."""
         return model.parameters() if work.get("finetuning", False) else backbone_parameters(model)
 
+    def total_rounds_use(self) -> str | None:
+        """With ``finetune_when`` "last_round", the fine-tuning happens in the run's last round only."""
+        if self.finetune_when == "last_round":
+            return "finetune_when=last_round fine-tunes in the last of the total rounds"
+        return None
+
     def end_local(
         self, model: nn.Module, data: ClientData, work: LocalWork, loss: float
     ) -> tuple[Reply, Any]:

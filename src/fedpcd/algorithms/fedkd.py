@@ -161,6 +161,13 @@ class FedKD(SharedModelMethod):
         """T(t) for the round t (1..R)."""
         return energy_threshold(t, self.ctx.rounds, self.t_start, self.t_end)
 
+    def total_rounds_use(self) -> str | None:
+        """T(t) = T_start + (T_end - T_start) t / T rises over the run's T rounds (Wu et al., FedKD, its SVD
+        energy threshold): a run of more rounds truncates every round differently."""
+        if self.t_start == self.t_end:
+            return None
+        return "its SVD energy threshold runs from t_start to t_end over the total rounds"
+
     # ----- server -----
     def init_server(self, model: nn.Module) -> dict[str, Any]:
         """The student's seeded initial weights and the number of aggregated rounds (for T(t))."""

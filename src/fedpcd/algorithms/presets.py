@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedpcd.errors import UserError, short
+from fedpcd.errors import UserError, did_you_mean, short
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,10 @@ def preset_values(algorithm: str, preset: object) -> dict[str, Any]:
     known = presets_of(algorithm)
     if not isinstance(preset, str) or preset not in known:
         valid = ", ".join(sorted(known)) or "(none: this algorithm has no presets)"
-        raise UserError(f"unknown preset {short(preset)} for algorithm {algorithm!r}; valid presets: {valid}")
+        raise UserError(
+            f"unknown preset {short(preset)} for algorithm {algorithm!r}{did_you_mean(preset, known)}; valid "
+            f"presets: {valid}"
+        )
     return dict(known[preset].values)
 
 

@@ -7,9 +7,12 @@ its ``dataset_dict.json`` beside one folder per split) in ``dataset.root`` itsel
 ``datasets.load_dataset`` (the hub names are those of Flower Datasets' ``FederatedDataset``), which downloads
 only with ``dataset.download: true`` (otherwise it runs in the hub's offline mode).
 
-Splits: ``train`` and the first of ``test``, ``validation``, ``valid``, ``val``. The image column is the
-only ``Image`` feature or the one named ``image`` / ``img`` (``dataset.image_column`` chooses); the label
-column the only ``ClassLabel`` or the first of ``label``, ``fine_label``, ``labels``
+Splits: ``train`` and the first of ``test``, ``validation``, ``valid``, ``val``. A folder that holds one
+split (``save_to_disk`` of a ``Dataset``, not a ``DatasetDict``) is split here (:func:`carve_test`): of each
+class, 1/6 of its samples (rounded, at least one where it has two or more) drawn with a fixed seed (0, not
+the run's: the data are the same for every run) are the test set, the rest the training set. The image
+column is the only ``Image`` feature or the one named ``image`` / ``img`` (``dataset.image_column``
+chooses); the label column the only ``ClassLabel`` or the first of ``label``, ``fine_label``, ``labels``
 (``dataset.label_column``).
 Images (``Image`` features, or uint8 / [0, 1] float arrays ``[H, W]``, ``[H, W, C]`` or ``[C, H, W]``)
 become uint8 ``[N, C, H, H]``: grey when the first training image is grey, RGB otherwise; all must be square
@@ -101,6 +104,11 @@ def load_hub_dataset(
     """Dataset ``hf:<hub>`` in memory (see the module docstring for the lookup, columns and conversion)."""
     name = HF_PREFIX + hub
     splits = _open(hub, root, download)
+    if not hasattr(splits, "keys"):  # one split saved: the test split carved from it
+        label = _column(name, splits, label_column, LABEL_COLUMNS, "label", _is_class_label)
+        held = carve_test(np.asarray(splits.with_format("numpy")[label]).astype(str))
+        rest = np.setdiff1d(np.arange(len(splits)), held)
+        splits = {"train": splits.select(rest), "test": splits.select(held)}
     train_split, test_split = _pick_splits(name, list(splits))
     train, test = splits[train_split], splits[test_split]
     image = _column(name, train, image_column, IMAGE_COLUMNS, "image", _is_image)
@@ -133,13 +141,31 @@ def load_hub_dataset(
     )
 
 
+TEST_FRACTION = 1 / 6  # of each class, held out as the test set of a dataset saved as one split
+CARVE_SEED = 0  # the draw of those samples: fixed, so every run sees the same split
+
+
+def carve_test(labels: np.ndarray) -> np.ndarray:
+    """The sorted indices of the test set carved from a single split with ``labels``: of each class (in
+    sorted order), round(n_c * TEST_FRACTION) of its samples, at least one of a class of two or more, drawn
+    with ``np.random.default_rng(CARVE_SEED)``; the rest is the training set."""
+    rng = np.random.default_rng(CARVE_SEED)
+    held = []
+    for cls in np.unique(labels):
+        idx = np.flatnonzero(labels == cls)
+        take = max(round(len(idx) * TEST_FRACTION), 1) if len(idx) > 1 else 0
+        held.append(rng.permutation(idx)[:take])
+    return np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+
+
 # ----- finding the data
 
 
 def has_saved_dataset(folder: Path) -> Path | None:
-    """``folder`` if ``datasets``' ``save_to_disk`` wrote a DatasetDict there (a ``find_or_download``
-    probe)."""
-    return folder if (folder / "dataset_dict.json").is_file() else None
+    """``folder`` if ``datasets``' ``save_to_disk`` wrote a DatasetDict (``dataset_dict.json``) or a single
+    split (``state.json`` beside ``dataset_info.json``) there (a ``find_or_download`` probe)."""
+    split = (folder / "state.json").is_file() and (folder / "dataset_info.json").is_file()
+    return folder if (folder / "dataset_dict.json").is_file() or split else None
 
 
 @contextmanager
@@ -177,7 +203,7 @@ def _open(hub: str, root: Path | None, download: bool) -> Any:
             system=(),
             probe=has_saved_dataset,
             fetch=None,
-            what="the folder that datasets' save_to_disk writes (dataset_dict.json and one folder per split)",
+            what="the folder that datasets' save_to_disk writes (of a DatasetDict or of one split)",
             source=f"https://huggingface.co/datasets/{hub}",
         )
     except UserError as missing:
@@ -193,9 +219,7 @@ def _open(hub: str, root: Path | None, download: bool) -> Any:
         loaded = datasets.load_from_disk(str(folder))
     except Exception as exc:  # a damaged folder: missing arrow files, bad JSON
         raise UserError(f"cannot read the saved dataset {show_path(folder)}: {clip(str(exc))}") from None
-    if not isinstance(loaded, datasets.DatasetDict):  # pragma: no cover - the probe saw dataset_dict.json
-        raise UserError(f"{show_path(folder)} holds one split; save a DatasetDict with train and test")
-    return loaded
+    return loaded  # a DatasetDict, or a Dataset (one split: load_hub_dataset carves the test split)
 
 
 def _pick_splits(name: str, splits: list[str]) -> tuple[str, str]:

@@ -13,6 +13,7 @@ is loaded) gives the same metrics.jsonl as an uninterrupted run.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fedpcd.algorithms import FedAvg
+from fedpcd.algorithms import FedAvg, build_algorithm
 from fedpcd.algorithms.base import MODEL
 from fedpcd.config import Config
 from fedpcd.data.stats import partition_json
@@ -60,7 +61,15 @@ from fedpcd.engine.server_opt import check_server_optimizer, server_step
 from fedpcd.errors import UserError
 from fedpcd.labels import PRESET, preset_record, run_log_line
 from fedpcd.logs import LOGGER, RUN_LOG_ONLY, run_log
-from fedpcd.run_format import CODE, GA_BALANCED, code_version, headline, headline_text
+from fedpcd.run_format import (
+    CODE,
+    GA_BALANCED,
+    PERSONAL,
+    STATISTICS,
+    code_version,
+    headline,
+    headline_text,
+)
 from fedpcd.trackers import check_trackers, open_trackers
 
 RecordHook = Callable[[dict[str, Any]], None]
@@ -127,9 +136,45 @@ def open_checkpoint(
         return None
     ckpt = run_dir.load_checkpoint(resolve_device(config.engine.device))
     check_checkpoint(ckpt, run_dir, config, allow_changes)
+    if checkpoint_rounds(ckpt) not in (None, config.rounds):
+        use = build_algorithm(config.algorithm.name, config.algorithm.params()).total_rounds_use()
+        if use is not None:
+            raise UserError(
+                f"{run_dir.path}: algorithm {config.algorithm.name!r} cannot go on with rounds "
+                f"{checkpoint_rounds(ckpt)} -> {config.rounds}: {use}, so the longer run would not equal one "
+                "made with that many rounds from the start; start a new run"
+            )
     if ckpt["round"] < config.rounds:
         run_dir.discard_summary()  # of a finished run whose rounds were raised: it goes on
     return ckpt
+
+
+def checkpoint_rounds(checkpoint: dict[str, Any]) -> int | None:
+    """The ``rounds`` of the config a checkpoint was written with (None: a checkpoint without its config)."""
+    text = checkpoint.get("config")
+    return json.loads(text).get("rounds") if isinstance(text, str) else None
+
+
+def extended_records(records: list[dict[str, Any]], checkpoint: dict[str, Any], config: Config) -> list[dict]:
+    """The records of a run extended past its old last round R to ``config.rounds``, as a run of that many
+    rounds from the start has them: R was evaluated because it was the last (``is_eval_round``), and with
+    the full personal test where the longer run tests only the split (``is_full_eval_round``). So R's record
+    is dropped where the longer run does not evaluate R, and keeps its split metrics only (PA-L, PA-V and
+    PA-G None, as ``split_metrics`` gives) where it tests the split only; else the records are unchanged."""
+    old = checkpoint_rounds(checkpoint)
+    rnd = checkpoint["round"]
+    if old is None or rnd != old or old >= config.rounds or not records or records[-1]["round"] != rnd:
+        return records
+    if not is_eval_round(rnd, config):
+        return records[:-1]
+    was_full = is_full_eval_round(rnd, config.model_copy(update={"rounds": old}))
+    if was_full and not is_full_eval_round(rnd, config):
+        last = dict(records[-1])
+        for metric in PERSONAL[1:]:  # all but PA-split
+            for suffix in STATISTICS.values():
+                last[metric.key + suffix] = None
+        return [*records[:-1], last]
+    return records
 
 
 @contextmanager
@@ -258,8 +303,10 @@ def run_rounds(
         records = checkpoint_records(checkpoint, run_dir.checkpoint)
         if records is None:  # a checkpoint written before checkpoints held the metrics
             records = run_dir.truncate(start)
-        else:  # metrics.jsonl as it was at the checkpoint (drops rounds after it and any torn line)
-            run_dir.rewrite(records)
+        # metrics.jsonl as it was at the checkpoint (drops rounds after it and any torn line), its last round
+        # as a run of config.rounds records it
+        records = extended_records(records, checkpoint, config)
+        run_dir.rewrite(records)
         for k in range(config.clients):  # build every architecture's model (seeds the global RNG) ...
             fed.model_for(k)
         restore_rng(checkpoint.get("rng"))  # ... before the global RNG states are put back
