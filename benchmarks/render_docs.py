@@ -457,6 +457,7 @@ EXEMPT_REASONS = {
     "computed": "computed without training by the command shown beside it (partitions, the ETF's geometry)",
     "install": "a measured install or test time, with its machine and load beside it",
     "machine": "the machine and its load when a benchmark ran, as its archived output prints them",
+    "reference": "a citation's year, an equation's constant, an exit code, an address, a limit the code enforces",
 }
 REASONS = ", ".join(EXEMPT_REASONS)
 COMMENT = re.compile(r"<!--(.*?)-->", re.S)
@@ -473,6 +474,7 @@ MASKS = [
     re.compile(r"[\^#][\d.]+"),
     re.compile(r"\{[\d,\s.]+\}"),
     re.compile(r"\b[A-Za-z]+\(\s*[\d.]+\s*\)"),
+    re.compile(r"\bDirichlet [\d.]+"),
     re.compile(r"\b\d+[-/][A-Za-z]\w*"),
     re.compile(
         r"\b(?:Eqs?\.|Tables?|Figs?\.|Figure|[Ss]ections?|Sec\.|App\.|Alg\.|Algorithm)\s*[\d.]+(?:\s*[-,]\s*\d+)*"
@@ -503,47 +505,58 @@ def masked(text: str) -> str:
     return text
 
 
-def scan_template(text: str) -> list[str]:
-    """The result numbers and verdict words of a template outside its directives: one line each (see the
-    module docstring for what is exempt)."""
-    problems: list[str] = []
-    text = DIRECTIVE.sub(lambda m: " " * len(m.group()), text)
+def _blocks(text: str) -> list[tuple[int, list[str]]]:
+    """(first line number, spans) of a template's prose outside code, figures and exempt blocks: each
+    paragraph or list item is one span, each table row's cells are spans (but a paper's columns)."""
     lines = text.splitlines()
-    fence, exempt = False, False
+    blocks: list[tuple[int, list[str]]] = []
+    fence, exempt, fresh = False, False, True
     header: list[str] = []
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
         if line.startswith("```"):
-            fence = not fence
+            fence, fresh = not fence, True
             continue
         if fence or line.startswith("![") or not stripped:
-            exempt = exempt and bool(stripped) or (fence and exempt)
+            exempt, fresh = exempt and fence, True
             continue
         match = EXEMPT_LINE.match(stripped)
         if match:
-            if match.group(1) not in EXEMPT_REASONS:
-                problems.append(f"line {number}: exemption {match.group(1)!r}: the reasons are {REASONS}")
-            exempt = True
+            blocks.append((number, [line]))  # its reason is checked like an inline one
+            exempt, fresh = True, True
             continue
         if exempt:
             continue
-        spans = [line]
         if stripped.startswith("|"):
-            cells = _cells(COMMENT.sub(" ", stripped))
+            cells = _cells(stripped)
             if set(stripped.replace("|", "").strip()) <= set("-: "):
                 continue
             if number < len(lines) and lines[number].strip().startswith("|---"):
-                header = cells
-                continue
-            spans = [
-                cell
-                for title, cell in zip(header, cells, strict=False)
-                if not title.lower().startswith("paper")
-            ]
+                header = [COMMENT.sub("", cell).strip() for cell in cells]
+                continue  # column names
+            title_of = header + [""] * len(cells)
+            blocks.append(
+                (
+                    number,
+                    [c for t, c in zip(title_of, cells, strict=False) if not t.lower().startswith("paper")],
+                )
+            )
+            fresh = True
+            continue
+        if fresh or stripped.startswith("- ") or line.startswith("#"):
+            blocks.append((number, [line]))
         else:
-            header = []
+            blocks[-1][1][-1] += " " + line
+        fresh = line.startswith("#")
+    return blocks
+
+
+def scan_template(text: str) -> list[str]:
+    """The result numbers and verdict words of a template outside its directives: one line each (see the
+    module docstring for what is exempt: an inline exemption covers its span back to the previous comment)."""
+    problems: list[str] = []
+    for number, spans in _blocks(DIRECTIVE.sub(lambda m: " " * len(m.group()), text)):
         for span in spans:
-            # an inline exemption covers the text before it, back to the previous comment
             kept, rest = [], 0
             for m in COMMENT.finditer(span):
                 body = m.group(1).strip()
