@@ -13,6 +13,8 @@ directive:
   the paired differences. ``{{ c }}`` writes "+1.23 ± 0.45 (5 seeds: ...)"; ``{{ c.mean|s(2) }}`` a signed
   number, ``{{ c.std|f(2) }}`` an unsigned one; ``c.each[i]``, ``c.n``, ``c.run.mean``, ``c.ref.mean``,
   ``c.total`` (stat="hours").
+- ``{{ label("NAME/GLOB") }}``: the method's name as `fedpcd report` gives those runs, e.g.
+  "fedsc preset=official (overrides local.lr, ...)" for a preset run whose config overrides the preset.
 - ``{{ c.verdict(paper) }}``: the verdict of ``fedpcd.report.verdict`` against the paper's margin (points).
 - ``{{ c.says("word", "sense") }}``: a verdict or direction word, rendered only when the runs support it:
   sense "separates" / "noise" (the paired t-test does / does not separate), "above" / "below" (the sign of the
@@ -51,6 +53,7 @@ from typing import Any
 
 import jinja2
 
+from fedpcd.labels import run_label
 from fedpcd.report import group_runs, load_runs, mean_std, report_table, rounds_to_target, same_setting, swing
 from fedpcd.report import verdict as verdict_scale
 from fedpcd.report.document import write_report
@@ -267,6 +270,14 @@ class Archive:
             key=lambda run: run.path,
         )
 
+    def label(self, pattern: str) -> str:
+        """The ``label`` directive: the method's name as `fedpcd report` gives the runs matching ``pattern``
+        (a preset run whose config overrides the preset's keys is named with them); one name for all."""
+        labels = {run_label(run.config) for run in self.runs(pattern)}
+        if len(labels) != 1:
+            raise RenderError(f"label({pattern!r}): {len(labels)} method names: {', '.join(sorted(labels))}")
+        return labels.pop()
+
     def side(self, pattern: str, spec: dict[str, Any]) -> dict[int, tuple[list[float], Any]]:
         out: dict[int, tuple[list[float], Any]] = {}
         for run in self.runs(pattern):
@@ -457,7 +468,7 @@ EXEMPT_REASONS = {
     "computed": "computed without training by the command shown beside it (partitions, the ETF's geometry)",
     "install": "a measured install or test time, with its machine and load beside it",
     "machine": "the machine and its load when a benchmark ran, as its archived output prints them",
-    "reference": "a citation's year, an equation's constant, an exit code, an address, a limit the code enforces",
+    "reference": "a citation's year, an equation's constant, an exit code, an address, a limit of the code",
 }
 REASONS = ", ".join(EXEMPT_REASONS)
 COMMENT = re.compile(r"<!--(.*?)-->", re.S)
@@ -603,6 +614,7 @@ def environment(repo: Path) -> jinja2.Environment:
     env.globals.update(
         archive=archive,
         claim=archive.claim,
+        label=archive.label,
         legacy_note=archive.legacy_note,
         table=lambda text: build_table(repo, text),
         report_page=lambda: report_page(repo),

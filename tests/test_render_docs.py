@@ -96,7 +96,14 @@ def _run(
     records = [{"round": r + 1, "global_acc": a} for r, a in enumerate(acc)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
     code = {"fedpcd": "0.1.0", "commit": commit, "results": 1} if commit else None
-    summary = {"rounds": len(acc), "wall_s": 1.0, "final": records[-1], "best": records[-1], "best_round": 1}
+    best = {"global_acc": max(acc)}
+    summary = {
+        "rounds": len(acc),
+        "wall_s": 1.0,
+        "final": records[-1],
+        "best": best,
+        "best_round": {"global_acc": 1},
+    }
     (folder / "summary.json").write_text(json.dumps({**summary, **({"code": code} if code else {})}))
 
 
@@ -149,3 +156,12 @@ def test_a_template_holds_no_result_outside_directives():
     assert any("'separates'" in p for p in problems)
     assert render_docs.scan_template("<!-- not a result: setting -->\n20 rounds x 5 epochs, seed 3.\n") == []
     assert render_docs.scan_template("{{ c }} on P10C2 (`--rounds-to 50`), ResNet-18.\n") == []
+
+
+def test_no_template_says_a_result_outside_its_directives():
+    templates = sorted((ROOT / render_docs.TEMPLATES).rglob("*.j2"))
+    assert {p.relative_to(ROOT / render_docs.TEMPLATES).as_posix()[:-3] for p in templates} == set(
+        render_docs.PAGES
+    )
+    for path in templates:
+        assert render_docs.scan_template(path.read_text()) == [], path
