@@ -250,9 +250,10 @@ class Archive:
         self.noted = False  # whether the current page placed ``legacy_note``
 
     def legacy_note(self) -> str:
-        """The ``legacy_note`` directive: the footnote that explains the mark of ``Claim.says``."""
+        """The ``legacy_note`` directive, placed after a page's claims: the footnote that explains the mark of
+        ``Claim.says``, or nothing when the page has no marked verdict."""
         self.noted = True
-        return LEGACY_NOTE
+        return LEGACY_NOTE if self.legacy else ""
 
     def runs(self, pattern: str) -> list[Any]:
         """The finished runs matching ``pattern`` (ARCHIVE/GLOB, relative to docs/results/runs/), from their
