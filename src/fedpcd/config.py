@@ -732,9 +732,9 @@ HF_COLUMNS = ("image_column", "label_column")  # dataset keys added after runs w
 
 def run_setting(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict (config.yaml's) without what does not change a run's numbers: ``output_dir``,
-    ``tracking``, ``engine.workers``, and what runs made before a key existed did not have: ``privacy`` and
-    ``aggregation`` while they are off, ``personal_full_every`` at 1 (see :data:`LEGACY_DEFAULTS`), the
-    dataset's ``HF_COLUMNS`` at null."""
+    ``tracking``, ``engine.workers``, and what runs made before a key existed did not have: the
+    ``privacy``, ``aggregation`` and ``server`` sections while they are off, ``personal_full_every`` at 1
+    (see :data:`LEGACY_DEFAULTS`), the dataset's ``HF_COLUMNS`` at null."""
     data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking")}
     if isinstance(data.get("engine"), dict):
         data["engine"] = {k: v for k, v in data["engine"].items() if k != "workers"}
@@ -744,14 +744,18 @@ def run_setting(data: dict[str, Any]) -> dict[str, Any]:
     dataset = data.get("dataset")
     if isinstance(dataset, dict):  # the Hugging Face columns at null (detected): as before they existed
         data["dataset"] = {k: v for k, v in dataset.items() if not (k in HF_COLUMNS and v is None)}
-    if data.get("aggregation") == AggregationConfig().model_dump(mode="json"):  # off: as before it existed
-        del data["aggregation"]
-    privacy = data.get("privacy")
-    if isinstance(privacy, dict) and privacy.get("secagg", 0) is None:  # off: as before the key existed
-        data["privacy"] = privacy = {k: v for k, v in privacy.items() if k != "secagg"}
-    if privacy == PrivacyConfig().model_dump(mode="json", exclude={"secagg"}):
-        del data["privacy"]
+    sections = (("aggregation", AggregationConfig), ("privacy", PrivacyConfig), ("server", ServerConfig))
+    for key, section in sections:
+        if _all_default(data.get(key), section):  # off: as before the section (or its newer keys) existed
+            del data[key]
     return data
+
+
+def _all_default(given: Any, section: type[BaseModel]) -> bool:
+    """Whether a config section's dict gives every key it has at the section's default (a section written
+    before some of its keys existed counts as all default when the keys it has are)."""
+    defaults = section().model_dump(mode="json")
+    return isinstance(given, dict) and all(k in defaults and defaults[k] == v for k, v in given.items())
 
 
 def canonical_config(config: Config) -> str:
