@@ -66,6 +66,7 @@ SMOKE_PARITY = [  # the same checks at toy size
     "engine.checkpoint_every=0",
 ]
 SETTINGS = {  # cuts of long server-side loops (the parity is of the device, not of the method's result)
+    "fedbn": ["model.name=mlp_bn"],  # FedBN keeps batch-norm layers local: a model with them
     "creff": ["algorithm.retrain_epochs=2", "algorithm.match_steps=2"],
     "fedetf": ["algorithm.finetune_rounds=1", "algorithm.finetune_epochs=1"],
 }

@@ -54,7 +54,16 @@ from typing import Any
 import jinja2
 
 from fedpcd.labels import run_label
-from fedpcd.report import group_runs, load_runs, mean_std, report_table, rounds_to_target, same_setting, swing
+from fedpcd.report import (
+    group_runs,
+    load_runs,
+    mean_std,
+    refuse_duplicates,
+    report_table,
+    rounds_to_target,
+    same_setting,
+    swing,
+)
 from fedpcd.report import verdict as verdict_scale
 from fedpcd.report.document import write_report
 from fedpcd.report.grid import build_grid, run_value
@@ -261,6 +270,7 @@ class Archive:
         folder = self.repo / RUNS / pattern.partition("/")[0]
         if folder not in self._folders:
             self._folders[folder] = load_runs(folder)
+            refuse_duplicates(self._folders[folder])
         root = self.repo / RUNS
         return sorted(
             (

@@ -421,7 +421,7 @@ def test_every_algorithm_secagg_admits_runs_under_it(tmp_path, name, task_identi
         (["privacy.secagg=true"], "privacy.secagg runs on the Flower backend (set backend=flower)"),
         (
             ["backend=flower", "privacy.secagg=true", "algorithm.name=scaffold"],
-            "aggregates with its own rule. Choose one of: ditto, fedavg",
+            "aggregates with its own rule. Choose one of: apfl, ditto, fedala, fedavg",
         ),
         (
             ["backend=flower", "privacy.secagg=true", "privacy.clip=1", "privacy.clipping=server"],

@@ -119,7 +119,7 @@ def test_read_json_names_the_file_and_the_problem(tmp_path):
     path.write_bytes(b"\xff")
     with pytest.raises(UserError, match=f"^thing {path} is not UTF-8 text"):
         read_json(path, "thing")
-    with pytest.raises(UserError, match=f"^cannot read thing {tmp_path}: Is a directory$"):
+    with pytest.raises(UserError, match=f"^thing {tmp_path} is a folder; give a regular file$"):
         read_json(tmp_path, "thing")
     with pytest.raises(UserError, match=f"^thing {tmp_path}/none not found$"):
         read_json(tmp_path / "none", "thing")
@@ -237,7 +237,7 @@ def test_report_on_a_malformed_partition_json_is_one_line(tmp_path, capsys):
 def test_report_notes_that_cannot_be_read_is_one_line(tmp_path, capsys):
     _fake_run(tmp_path / "runs" / "a")
     assert main(["report", str(tmp_path / "runs"), "--notes", str(tmp_path)]) == 2
-    assert _error_line(capsys) == f"fedpcd: error: cannot read notes file {tmp_path}: Is a directory"
+    assert _error_line(capsys) == f"fedpcd: error: notes file {tmp_path} is a folder; give a regular file"
 
 
 @pytest.mark.parametrize("last", ["0", "-3", "x"])

@@ -165,3 +165,16 @@ def test_no_template_says_a_result_outside_its_directives():
     )
     for path in templates:
         assert render_docs.scan_template(path.read_text()) == [], path
+
+
+def test_fedpcd_report_counts_every_run_once(archive, tmp_path):
+    import shutil
+
+    from fedpcd.errors import UserError
+    from fedpcd.report.document import write_report
+
+    runs = tmp_path / "docs/results/runs/x"
+    assert "fedprox" in write_report(runs, None, 1)
+    shutil.copytree(runs / "fedavg_seed1", runs / "fedavg-copy_seed1")
+    with pytest.raises(UserError, match="one run counted twice"):
+        write_report(runs, None, 1)

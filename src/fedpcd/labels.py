@@ -49,7 +49,11 @@ def _preset_of(config: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]] | N
 def preset_overrides(config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """The keys of a resolved config's preset that the config gives another value: dotted key -> (the preset's
     value, the value used), in the preset's order; empty without a preset. Works on any run's config.yaml
-    (archived runs included: they are fully resolved). An unknown preset is a one-line UserError."""
+    (archived runs included: they are fully resolved). An unknown preset is a one-line UserError.
+
+    Args:
+        config: A resolved config as a nested dict (a run's config.yaml).
+    """
     preset = _preset_of(config)
     if preset is None:
         return {}
@@ -60,13 +64,21 @@ def preset_overrides(config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
 
 def method_overrides(config: Mapping[str, Any]) -> list[str]:
     """The keys of :func:`preset_overrides` that make the run another method than its preset's: all but the
-    federation and budget (``fedpcd.algorithms.presets.PROTOCOL``), in the preset's order."""
+    federation and budget (``fedpcd.algorithms.presets.PROTOCOL``), in the preset's order.
+
+    Args:
+        config: A resolved config as a nested dict.
+    """
     return [key for key in preset_overrides(config) if key not in _protocol()]
 
 
 def overrides_suffix(config: Mapping[str, Any]) -> str:
     """`` (overrides local.grad_clip, ...)`` for a run whose config overrides its preset's method keys
-    (:func:`method_overrides`); empty otherwise."""
+    (:func:`method_overrides`); empty otherwise.
+
+    Args:
+        config: A resolved config as a nested dict.
+    """
     method = method_overrides(config)
     return f" (overrides {', '.join(method)})" if method else ""
 
@@ -74,7 +86,11 @@ def overrides_suffix(config: Mapping[str, Any]) -> str:
 def run_label(config: Mapping[str, Any]) -> str:
     """A run's method as reports name it: ``fedgela``, ``fedgela preset=official``, or, with the preset's
     method keys (all but ``fedpcd.algorithms.presets.PROTOCOL``) that the config overrides, ``fedgela
-    preset=official (overrides local.grad_clip)``: such a run is not the preset's method."""
+    preset=official (overrides local.grad_clip)``: such a run is not the preset's method.
+
+    Args:
+        config: A resolved config as a nested dict (a run's config.yaml).
+    """
     preset = _preset_of(config)
     if preset is None:
         return str((config.get("algorithm") or {}).get("name", "fedavg"))
@@ -88,7 +104,12 @@ def _text(value: Any) -> str:
 def overrides_line(config: Mapping[str, Any], given: Mapping[str, str] | None = None) -> str | None:
     """The warning for a resolved config whose file or overrides give preset keys other values, e.g.
     ``preset fedgela/official: local.grad_clip=20.0 overridden by null (config file)``; None when none do.
-    ``given``: dotted key -> where its value came from ("config file", "command line"), where known."""
+    ``given``: dotted key -> where its value came from ("config file", "command line"), where known.
+
+    Args:
+        config: A resolved config as a nested dict.
+        given: Where the values came from, lowest first (as ``layers`` of :func:`warn_overrides`), or None.
+    """
     changed = preset_overrides(config)
     if not changed:
         return None
@@ -113,7 +134,13 @@ def warn_overrides(
     overridden). ``layers``: where the values came from, lowest first ("config file": the file's tree,
     "command line": the overrides' tree); each overridden key is named with the last layer that gives it.
     Once said here, the same warning in the run's run.log (:func:`run_log_line`) names the sources too.
-    ``said``: the warnings said already (a sweep's runs sharing one: said once), updated."""
+    ``said``: the warnings said already (a sweep's runs sharing one: said once), updated.
+
+    Args:
+        config: A resolved config as a nested dict.
+        layers: The source trees by name, lowest first, or None.
+        said: The warnings said already, updated, or None.
+    """
     from fedpcd.logs import LOGGER
 
     changed = preset_overrides(config)
@@ -131,14 +158,22 @@ def warn_overrides(
 
 def run_log_line(config: Mapping[str, Any]) -> str | None:
     """The preset warning of a run for its run.log: as this process said it (with the keys' sources) or, said
-    by another process (a sweep's worker), without them."""
+    by another process (a sweep's worker), without them.
+
+    Args:
+        config: A resolved config as a nested dict.
+    """
     line = overrides_line(config)
     return None if line is None else _SAID.get(line, line)
 
 
 def preset_record(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a run's summary.json records of its preset: its name, the keys it sets with their values and the
-    keys the config overrode (key -> [preset's value, value used]); None without a preset."""
+    keys the config overrode (key -> [preset's value, value used]); None without a preset.
+
+    Args:
+        config: A resolved config as a nested dict.
+    """
     preset = _preset_of(config)
     if preset is None:
         return None

@@ -284,7 +284,11 @@ def _git(here: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
 def diff_hash(here: Path) -> str | None:
     """SHA-256 (hex) of the uncommitted changes to the checkout's folder ``here``: its ``git diff HEAD``,
     then each untracked (not ignored) file's path and content; None where git cannot tell, ``""`` for
-    none."""
+    none.
+
+    Args:
+        here: A folder of a git checkout (the package's own).
+    """
     diff = _git(here, "diff", "HEAD", "--binary", "--", ".")
     untracked = _git(here, "ls-files", "--others", "--exclude-standard", "-z", "--", ".")
     if diff.returncode != 0 or untracked.returncode != 0:
@@ -330,7 +334,11 @@ def code_version() -> dict[str, Any]:
 
 def code_key(code: dict[str, Any] | None) -> tuple[Any, ...] | None:
     """A code record as (results number, commit, dirty, diff hash), old records (`"<commit>+dirty"`, diff
-    unknown) included; None for none."""
+    unknown) included; None for none.
+
+    Args:
+        code: A summary's code record, or None.
+    """
     if code is None:
         return None
     commit = code.get("commit")

@@ -225,18 +225,20 @@ def read_user_bytes(
                 "folder: replace it with the real file"
             ) from None
         raise path_error(path, exc, f"read {what}") from None
-    with os.fdopen(fd, "rb") as fh:
-        try:
-            info = os.fstat(fd)
-            kind = stat.S_IFMT(info.st_mode)
-            if kind != stat.S_IFREG:
-                kind_name = _KINDS.get(kind, "not a regular file")
-                raise UserError(f"{what} {show_path(path)} is {kind_name}; give a regular file")
-            if info.st_size > limit:
-                raise UserError(too_large)
+    try:  # the kind and size are checked on the open file, before a byte is read
+        info = os.fstat(fd)
+        kind = stat.S_IFMT(info.st_mode)
+        if kind != stat.S_IFREG:
+            kind_name = _KINDS.get(kind, "not a regular file")
+            raise UserError(f"{what} {show_path(path)} is {kind_name}; give a regular file")
+        if info.st_size > limit:
+            raise UserError(too_large)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
             data = fh.read(limit + 1)
-        except OSError as exc:
-            raise path_error(path, exc, f"read {what}") from None
+    except OSError as exc:
+        raise path_error(path, exc, f"read {what}") from None
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise UserError(too_large)
     return data

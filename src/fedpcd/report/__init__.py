@@ -139,7 +139,6 @@ def load_runs(root: str | Path) -> list[Run]:
         runs.append(Run(files.path, config, records, read_summary(files.summary)))
     if not runs:
         raise UserError(f"no finished runs (folders with summary.json) below {show_path(root)}")
-    refuse_duplicates(runs)
     return runs
 
 

@@ -15,6 +15,7 @@ from fedpcd.report import (
     last_rounds_phrase,
     load_runs,
     plot_curves,
+    refuse_duplicates,
     report_table,
     unfinished_runs,
 )
@@ -65,6 +66,7 @@ def make_report(
         check_writable(markdown)
         check_writable(figures, folder=True)
     runs = load_runs(root)
+    refuse_duplicates(runs)  # a report counts every run once
     table = report_table(runs, last, rounds_to, paired_with, with_swing, geometry, with_best)
     note = ""
     if paired_with is not None:
