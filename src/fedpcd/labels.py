@@ -1,6 +1,6 @@
 """How a run is named and what its preset's keys were overridden by, from its resolved config alone (a run's
-config.yaml, archived ones included): :func:`preset_overrides`, :func:`run_label`, the warning line
-(:func:`overrides_line`, :func:`warn_overrides`) and summary.json's record (:func:`preset_record`).
+config.yaml, archived ones included): `preset_overrides`, `run_label`, the warning line
+(`overrides_line`, `warn_overrides`) and summary.json's record (`preset_record`).
 
 Importing this module loads no torch; a config without a preset is answered without it (a preset's values
 live with its algorithm, whose module loads torch).
@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-PRESET = "preset"  # summary.json's record of the run's preset (:func:`preset_record`)
+PRESET = "preset"  # summary.json's record of the run's preset (`preset_record`)
 _MISSING = object()
 
 
@@ -63,7 +63,7 @@ def preset_overrides(config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
 
 
 def method_overrides(config: Mapping[str, Any]) -> list[str]:
-    """The keys of :func:`preset_overrides` that make the run another method than its preset's: all but the
+    """The keys of `preset_overrides` that make the run another method than its preset's: all but the
     federation and budget (``fedpcd.algorithms.presets.PROTOCOL``), in the preset's order.
 
     Args:
@@ -74,7 +74,7 @@ def method_overrides(config: Mapping[str, Any]) -> list[str]:
 
 def overrides_suffix(config: Mapping[str, Any]) -> str:
     """`` (overrides local.grad_clip, ...)`` for a run whose config overrides its preset's method keys
-    (:func:`method_overrides`); empty otherwise.
+    (`method_overrides`); empty otherwise.
 
     Args:
         config: A resolved config as a nested dict.
@@ -108,7 +108,7 @@ def overrides_line(config: Mapping[str, Any], given: Mapping[str, str] | None = 
 
     Args:
         config: A resolved config as a nested dict.
-        given: Where the values came from, lowest first (as ``layers`` of :func:`warn_overrides`), or None.
+        given: Where the values came from, lowest first (as ``layers`` of `warn_overrides`), or None.
     """
     changed = preset_overrides(config)
     if not changed:
@@ -130,10 +130,10 @@ def warn_overrides(
     layers: Mapping[str, Mapping[str, Any]] | None = None,
     said: set[str] | None = None,
 ) -> str | None:
-    """Log :func:`overrides_line`'s warning for a resolved config and return it (None: no preset key
+    """Log `overrides_line`'s warning for a resolved config and return it (None: no preset key
     overridden). ``layers``: where the values came from, lowest first ("config file": the file's tree,
     "command line": the overrides' tree); each overridden key is named with the last layer that gives it.
-    Once said here, the same warning in the run's run.log (:func:`run_log_line`) names the sources too.
+    Once said here, the same warning in the run's run.log (`run_log_line`) names the sources too.
     ``said``: the warnings said already (a sweep's runs sharing one: said once), updated.
 
     Args:

@@ -374,8 +374,8 @@ def comparable(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str | None
         b: The other's.
 
     Returns:
-        None, or "no commit recorded", "results numbers 1, 2", "runs from commits 5e1e752, 553556a" or
-        "dirty tree".
+        None, or "no commit recorded", "results numbers 1, 2", "runs from commits 5e1e752, 553556a"
+            or "dirty tree".
     """
     key_a, key_b = code_key(a), code_key(b)
     if key_a is None or key_b is None or key_a[1] is None or key_b[1] is None:
