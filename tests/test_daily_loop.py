@@ -151,9 +151,6 @@ def test_did_you_mean_names_the_near_names_the_nearest_first():
         (["algorithm.name=fedgella"], "unknown algorithm 'fedgella' (did you mean 'fedgela'"),
         (["dataset.name=fmnst"], "unknown dataset 'fmnst' (did you mean 'fmnist'"),
         (["model.name=simplecn"], "unknown model 'simplecn' (did you mean 'simplecnn' or 'simplecnn_bn'?)"),
-            ["model.name=simplecn"],
-            "unknown model 'simplecn' (did you mean 'simplecnn' or 'simplecnn_bn'?); valid",
-        ),
         (
             ["partition.scheme=dirichet"],
             "unknown partition scheme 'dirichet' (did you mean 'dirichlet'?); valid",
