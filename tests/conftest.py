@@ -136,3 +136,13 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     reporter = node.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(f"{node.gateway.id} ready: {len(ids)} tests")
+
+
+TINY_SYNTHETIC = [  # a tiny synthetic federation: the DP, robust aggregation and server optimiser tests
+    "dataset.name=synthetic",
+    "dataset.train_fraction=0.1",
+    "model.name=mlp",
+    "model.hidden=16",
+    "local.batch_size=64",
+    "personal_test=split",
+]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TINY_SYNTHETIC
 from fedpcd.algorithms import ALGORITHMS, build_algorithm
 from fedpcd.algorithms.base import Upload
 from fedpcd.config import load_config
@@ -27,12 +28,7 @@ from fedpcd.engine.privacy import (
 
 PAPER = ["fedgela", "fedmr", "fednh", "fedsc", "fedssa"]
 TINY = [
-    "dataset.name=synthetic",
-    "dataset.train_fraction=0.1",
-    "model.name=mlp",
-    "model.hidden=16",
-    "local.batch_size=64",
-    "personal_test=split",
+    *TINY_SYNTHETIC,
     "clients=4",
     "participation=0.75",
     "rounds=2",

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import run_records
+from conftest import TINY_SYNTHETIC, run_records
 from fedpcd.algorithms.base import coordinate_median, trimmed_mean
 from fedpcd.config import load_config
 from fedpcd.engine.executor import LocalExecutor
@@ -17,12 +17,7 @@ from fedpcd.engine.federation import build_federation
 from fedpcd.engine.robust import krum_pick, krum_scores, robust_aggregate, robust_rows
 
 TINY = [
-    "dataset.name=synthetic",
-    "dataset.train_fraction=0.1",
-    "model.name=mlp",
-    "model.hidden=16",
-    "local.batch_size=64",
-    "personal_test=split",
+    *TINY_SYNTHETIC,
 ]
 
 

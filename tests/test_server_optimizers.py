@@ -9,19 +9,14 @@ import math
 import pytest
 import torch
 
-from conftest import run_records
+from conftest import TINY_SYNTHETIC, run_records
 from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.server_opt import STATE, server_step
 
 TINY = [
-    "dataset.name=synthetic",
-    "dataset.train_fraction=0.1",
-    "model.name=mlp",
-    "model.hidden=16",
-    "local.batch_size=64",
-    "personal_test=split",
+    *TINY_SYNTHETIC,
     "clients=3",
 ]
 
