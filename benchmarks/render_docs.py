@@ -15,7 +15,10 @@ directive:
   ``c.total`` (stat="hours").
 - ``{{ label("NAME/GLOB") }}``: the method's name as `fedpcd report` gives those runs, e.g.
   "fedsc preset=official (overrides local.lr, ...)" for a preset run whose config overrides the preset.
-- ``{{ c.verdict(paper) }}``: the verdict of ``fedpcd.report.verdict`` against the paper's margin (points).
+- ``{{ paper("KEY") }}``: a paper's own result, from ``templates/papers.yaml`` (setting, table, the method's
+  and the baseline's values, the metric): "SETTING (TABLE): METHOD 59.60 vs FedAvg 47.26 GA, +12.3".
+- ``{{ c.verdict(paper("KEY")) }}``: the verdict of ``fedpcd.report.verdict`` against that paper's margin
+  (points, at the precision the page quotes it); ``c.verdict(direction=1)`` for a claimed direction.
 - ``{{ c.says("word", "sense") }}``: a verdict or direction word, rendered only when the runs support it:
   sense "separates" / "noise" (the paired t-test does / does not separate), "above" / "below" (the sign of the
   paired mean), "beyond" / "behind" (a separation in that direction), "every seed" (one sign on every seed).
@@ -52,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import yaml
 
 from fedpcd.labels import run_label
 from fedpcd.report import (
@@ -73,6 +77,7 @@ from fedpcd.run_format import CODE, comparable
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = "templates"
+PAPERS = "templates/papers.yaml"  # the papers' own numbers (see ``PaperResult``)
 RUNS = "docs/results/runs"
 BENCH = "docs/performance"
 PAGES = [
@@ -145,6 +150,51 @@ def run_number(run: Any, spec: dict[str, Any]) -> list[float]:
     return [] if value is None else [scale * value]
 
 
+# ---- the papers' numbers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PaperResult:
+    """One result of a paper's table: ``method`` at ``value`` against ``baseline`` at ``baseline_value`` (%),
+    in ``setting`` (``table`` names where), on ``metric``; its difference is quoted to ``decimals``."""
+
+    key: str
+    setting: str
+    table: str
+    method: str
+    value: float
+    baseline: str
+    baseline_value: float
+    metric: str = ""
+    decimals: int = 1
+
+    @property
+    def margin(self) -> float:
+        """The paper's difference, method minus baseline, in points at the quoted precision."""
+        return round(self.value - self.baseline_value, self.decimals)
+
+    def __str__(self) -> str:
+        margin = "level" if self.margin == 0 else f"{self.margin:+.{self.decimals}f}"
+        metric = f" {self.metric}" if self.metric else ""
+        return (
+            f"{self.setting} ({self.table}): {self.method} {self.value:.2f} vs {self.baseline} "
+            f"{self.baseline_value:.2f}{metric}, {margin}"
+        )
+
+
+def load_papers(repo: Path) -> dict[str, PaperResult]:
+    """The entries of templates/papers.yaml by key."""
+    entries = yaml.safe_load((repo / PAPERS).read_text())
+    return {key: PaperResult(key, **fields) for key, fields in entries.items()}
+
+
+def paper_result(papers: dict[str, PaperResult], key: str) -> PaperResult:
+    """The ``paper`` directive."""
+    if key not in papers:
+        raise RenderError(f"paper({key!r}): not in {PAPERS} (its keys: {', '.join(papers)})")
+    return papers[key]
+
+
 # ---- claims -----------------------------------------------------------------------------------------------
 
 
@@ -206,15 +256,17 @@ class Claim(Side):
         if self.code is not None:
             raise RenderError(f"{self.label}: no {what} on runs not made by one clean commit: {self.code[1]}")
 
-    def verdict(self, paper: float | None = None, direction: int | None = None) -> str:
-        """The verdict scale's word for these paired differences against the paper's margin ``paper`` (or,
-        for a claim of a direction without a number, ``direction`` +1 / -1); "no verdict (why)" for runs
-        not made by one clean commit."""
+    def verdict(self, paper: PaperResult | None = None, direction: int | None = None) -> str:
+        """The verdict scale's word for these paired differences against the margin of ``paper`` (a
+        ``paper`` directive; or, for a claim of a direction without a number, ``direction`` +1 / -1);
+        "no verdict (why)" for runs not made by one clean commit."""
         if self.ref is None or (paper is None) == (direction is None):
             raise RenderError(f"{self.label}: a verdict needs a paired claim and one of paper= or direction=")
+        if paper is not None and not isinstance(paper, PaperResult):
+            raise RenderError(f"{self.label}: verdict({paper!r}): the paper's margin comes from paper(KEY)")
         if self.code is not None:
             return f"no verdict ({self.code[0]})"
-        return verdict(self.each, paper, direction)
+        return verdict(self.each, None if paper is None else paper.margin, direction)
 
     @property
     def separation(self) -> str:
@@ -622,7 +674,9 @@ def environment(repo: Path) -> jinja2.Environment:
         autoescape=False,
     )
     archive = Archive(repo)
+    papers = load_papers(repo)
     env.globals.update(
+        paper=lambda key: paper_result(papers, key),
         archive=archive,
         claim=archive.claim,
         label=archive.label,

@@ -107,6 +107,21 @@ def _run(
     (folder / "summary.json").write_text(json.dumps({**summary, **({"code": code} if code else {})}))
 
 
+def _paper(margin: float) -> render_docs.PaperResult:
+    return render_docs.PaperResult("k", "S", "Table 1", "M", 50.0 + margin, "FedAvg", 50.0)
+
+
+def test_a_paper_result_renders_its_entry_and_margin():
+    papers = render_docs.load_papers(ROOT)
+    gela = render_docs.paper_result(papers, "fedgela-p10c2-ga")
+    assert str(gela) == "CIFAR-10 P10C2 (Table 5): FedGELA 59.60 vs FedAvg 47.26 GA, +12.3"
+    assert gela.margin == 12.3  # 59.60 - 47.26 = 12.34, quoted to one decimal
+    level = render_docs.PaperResult("k", "S", "Table 2", "A", 96.54, "B", 96.53)
+    assert level.margin == 0 and str(level).endswith("B 96.53, level")
+    with pytest.raises(render_docs.RenderError, match="not in templates/papers.yaml"):
+        render_docs.paper_result(papers, "nope")
+
+
 @pytest.fixture
 def archive(tmp_path):
     for seed, (a, b) in enumerate([(0.70, 0.60), (0.72, 0.61), (0.69, 0.60), (0.71, 0.62), (0.73, 0.61)]):
@@ -120,7 +135,9 @@ def test_a_paired_claim_computes_the_differences_in_points(archive):
     assert [round(d, 6) for d in c.each] == [10.0, 11.0, 9.0, 9.0, 12.0]
     assert str(c) == "+10.20 ± 1.30 (5 seeds: +10.00, +11.00, +9.00, +9.00, +12.00)"
     assert c.run.mean == pytest.approx(71.0) and c.ref.mean == pytest.approx(60.8)
-    assert c.verdict(16.0) == "yes" and c.verdict(30.0) == "direction only"
+    assert c.verdict(_paper(16.0)) == "yes" and c.verdict(_paper(30.0)) == "direction only"
+    with pytest.raises(render_docs.RenderError, match="comes from paper"):
+        c.verdict(16.0)  # a margin typed into a template, not the paper's data
     assert c.says("separates", "separates") == "separates"
     assert c.separation == "separates"
     with pytest.raises(render_docs.RenderError, match="do not support"):
@@ -135,7 +152,7 @@ def test_runs_of_another_commit_get_no_verdict_and_marked_words(tmp_path):
         _run(tmp_path, f"y/fedavg_seed{seed}", "fedavg", seed, [0.6], commit="def" if seed else None)
     archive = render_docs.Archive(tmp_path)
     c = archive.claim("y/fedprox_seed*", ref="y/fedavg_seed*", last=1)
-    assert c.verdict(10.0) == "no verdict (no commit recorded)"
+    assert c.verdict(_paper(10.0)) == "no verdict (no commit recorded)"
     assert c.says("separates", "separates") == "separates" + render_docs.LEGACY_MARK
     assert archive.legacy  # the page must then place legacy_note()
 
