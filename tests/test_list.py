@@ -13,11 +13,11 @@ import fedpcd
 from fedpcd.algorithms import ALGORITHMS
 from fedpcd.api import _citation, describe
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.data.datasets import DATASETS
 from fedpcd.data.partition import PARTITIONERS
 from fedpcd.models import MODELS
 from fedpcd.params import param_spec, type_text
+from fedpcd.resolve import load_config
 
 REGISTRIES = {"algorithm": ALGORITHMS, "model": MODELS, "dataset": DATASETS, "partition scheme": PARTITIONERS}
 # the config keys that choose each kind of component, and the section holding its parameters
