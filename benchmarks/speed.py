@@ -58,7 +58,8 @@ import torch
 import torch.nn.functional as F
 
 from fedpcd.config import Config
-from fedpcd.data.datasets import DATASETS, Dataset
+from fedpcd.data.datasets import DATASETS
+from fedpcd.data.tensors import Dataset
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import Federation, build_federation, global_accuracy, sample_clients
 from fedpcd.errors import UserError

@@ -84,7 +84,7 @@ def test_a_name_of_two_kinds_shows_both():
     blocks = describe("fedssa").split("\n\n")
     assert [b.splitlines()[0] for b in blocks] == [
         "algorithm fedssa (fedpcd.algorithms.fedssa.FedSSA)",
-        "partition scheme fedssa (fedpcd.data.schemes.fedssa)",
+        "partition scheme fedssa (fedpcd.data.paper_schemes.fedssa)",
     ]
 
 
