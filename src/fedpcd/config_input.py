@@ -1,5 +1,5 @@
-"""Reading what users write for a config: YAML files, ``KEY=VALUE`` overrides, and the bounds every value
-must meet before it is validated (``fedpcd.config``).
+"""Reading what users write for a config: YAML files, ``KEY=VALUE`` overrides and how they apply to a file
+(``apply_overrides``), and the bounds every value must meet before it is validated (``fedpcd.config``).
 
 YAML is read with aliases refused (a few hundred bytes of them expand to gigabytes), nesting bounded, a
 mapping's key given twice refused (YAML would keep the last silently), and its size bounded before it is
