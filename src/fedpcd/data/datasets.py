@@ -77,7 +77,7 @@ class DatasetRegistry(Registry[Loader]):
 
     def get(self, name: str) -> Loader:
         if isinstance(name, str) and name.startswith(HF_PREFIX):  # loaded on demand, as a plugin's entry
-            # point is (the module builds on this one and needs the optional datasets package)
+            # point is (the module needs the optional datasets package)
             hf_loader = importlib.import_module(HF_MODULE).hf_loader
             return hf_loader(name)
         try:
