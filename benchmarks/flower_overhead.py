@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from fedpcd.config import load_config
 from fedpcd.engine.simulation import run_local
+from fedpcd.resolve import load_config
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -39,11 +39,12 @@ from demo_time import cpu_model
 from speed import Setting, measure, register_synthetic32, side_config, train_only
 
 from fedpcd.algorithms import ALGORITHMS
-from fedpcd.config import Config, load_config
+from fedpcd.config import Config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.pool import usable_cores
 from fedpcd.errors import clip
+from fedpcd.resolve import load_config
 
 NO_CUDA = "no CUDA device"
 METRICS = {"ga": "global_acc", "pa": "personal_acc"}  # the parity's figures: GA and PA-split

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from fedpcd.config import load_run_config
 from fedpcd.engine.simulation import run_local
+from fedpcd.resolve import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # a run by the reference commit's code (its own config reader: it knows no key added later)
@@ -34,9 +34,12 @@ REFERENCE_RUN = """
 import sys, torch
 torch.set_num_threads(1)
 try:  # a run directory's config as a resume reads it, where the reference has that reader
-    from fedpcd.config import load_run_config as load
-except ImportError:
-    from fedpcd.config import load_config as load
+    from fedpcd.resolve import load_run_config as load
+except ImportError:  # code from before fedpcd.resolve
+    try:
+        from fedpcd.config import load_run_config as load
+    except ImportError:
+        from fedpcd.config import load_config as load
 from fedpcd.engine.simulation import run_local
 run_local(load(sys.argv[1], sys.argv[2:]), progress=False)
 """

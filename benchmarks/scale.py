@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from fedpcd.algorithms.base import tensor_bytes
-from fedpcd.config import load_config
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation, global_accuracy, sample_clients
 from fedpcd.engine.state_store import ClientStateStore
+from fedpcd.resolve import load_config
 from fedpcd.run_format import PA_SPLIT
 
 ALGORITHMS = ("fedavg", "fedper", "moon", "scaffold")

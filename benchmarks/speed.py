@@ -57,11 +57,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedpcd.config import Config, load_config
-from fedpcd.data.datasets import DATASETS, Dataset
+from fedpcd.config import Config
+from fedpcd.data.datasets import DATASETS
+from fedpcd.data.tensors import Dataset
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import Federation, build_federation, global_accuracy, sample_clients
 from fedpcd.errors import UserError
+from fedpcd.resolve import load_config
 
 EXECUTORS = ("sequential", "vectorized")
 TARGET_SEQ = 0.9

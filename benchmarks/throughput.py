@@ -20,10 +20,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fedpcd.config import load_config
 from fedpcd.engine.client_update import run_client
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.tasks import ClientTask
+from fedpcd.resolve import load_config
 
 
 def main() -> None:

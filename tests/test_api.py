@@ -18,7 +18,7 @@ import fedpcd
 from conftest import requires_fmnist, run_records, run_summary
 from fedpcd.api import _block, report, sweep
 from fedpcd.cli import main
-from fedpcd.config import _flatten
+from fedpcd.config_identity import flatten
 from fedpcd.data.datasets import load_dataset
 from fedpcd.data.partition import PARTITIONERS, make_partition
 from fedpcd.data.stats import count_matrix
@@ -77,7 +77,7 @@ def test_every_name_of_all_resolves_and_version_stays():
     assert fedpcd.__version__
     for name in fedpcd.__all__:
         assert getattr(fedpcd, name) is not None and name in dir(fedpcd)
-    assert fedpcd.load_config is __import__("fedpcd.config").config.load_config
+    assert fedpcd.load_config is __import__("fedpcd.resolve").resolve.load_config
     with pytest.raises(AttributeError):
         fedpcd.no_such_name  # noqa: B018
 
@@ -386,7 +386,7 @@ def test_load_runs_has_the_setting_and_the_resolved_config_as_columns(grid):
             ("config.clients" if key == "clients" else key): json.dumps(value)
             if isinstance(value, (list, dict))
             else value
-            for key, value in _flatten(config).items()
+            for key, value in flatten(config).items()
             if key != "seed"
         }
         assert {key: row[key] for key in expected} == expected

@@ -23,10 +23,10 @@ from conftest import requires_fmnist, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ALGORITHMS, ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedbn import BN_MODELS, batchnorm_keys
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.models import MODELS, build_model
+from fedpcd.resolve import load_config
 
 ONE_STEP = LocalTraining(epochs=1, batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0)  # 8 samples: 1 batch
 

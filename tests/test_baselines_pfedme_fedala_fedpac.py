@@ -23,10 +23,10 @@ from conftest import requires_fmnist, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedala import _settled, higher_layer_keys
 from fedpcd.algorithms.fedpac import collaboration_weights, pac_statistics
-from fedpcd.config import load_config
 from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError
 from fedpcd.models import build_model, head_keys
+from fedpcd.resolve import load_config
 
 LABELS = torch.tensor([0, 1, 1, 2, 2, 2, 0, 1])
 

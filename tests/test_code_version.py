@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from fedpcd.config import load_config
 from fedpcd.engine.simulation import run_local
 from fedpcd.report.document import write_report
+from fedpcd.resolve import load_config
 from fedpcd.run_format import (
     ALLOW_DIRTY,
     CODE,

@@ -12,10 +12,11 @@ import yaml
 from pydantic import BaseModel
 
 import fedpcd
-from fedpcd.config import Config, EngineConfig, config_from_dict, load_config
+from fedpcd.config import Config, EngineConfig
 from fedpcd.config_input import parse_overrides
 from fedpcd.errors import UserError
 from fedpcd.params import LocalTraining
+from fedpcd.resolve import config_from_dict, load_config
 
 
 def test_defaults_are_resolved():

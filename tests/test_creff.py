@@ -24,9 +24,9 @@ from fedpcd.algorithms.creff import (
     matching_loss,
     retrain_classifier,
 )
-from fedpcd.config import config_from_dict
 from fedpcd.engine import run_experiment
 from fedpcd.models import backbone_keys, build_model, head_keys
+from fedpcd.resolve import config_from_dict
 from fedpcd.utils import derive_seed
 
 FAST = {"feats_per_class": 5, "match_steps": 3, "retrain_epochs": 2}  # small server work for tests

@@ -24,7 +24,8 @@ from dataset_files import make_cifar, make_idx_set, make_svhn, write_idx
 from fedpcd.cli import main
 from fedpcd.data import datasets as dsmod
 from fedpcd.data import files, svhn
-from fedpcd.data.datasets import DATASETS, Dataset, load_dataset, stratified_subset
+from fedpcd.data.datasets import DATASETS, load_dataset
+from fedpcd.data.tensors import Dataset, stratified_subset
 from fedpcd.errors import UserError
 from fedpcd.utils import current_umask
 

@@ -20,12 +20,13 @@ from PIL import Image  # noqa: E402
 
 import fedpcd  # noqa: E402
 from fedpcd.cli import main  # noqa: E402
-from fedpcd.config import load_config  # noqa: E402
 from fedpcd.data import hf  # noqa: E402
-from fedpcd.data.datasets import channel_stats, load_dataset  # noqa: E402
+from fedpcd.data.datasets import load_dataset  # noqa: E402
 from fedpcd.data.flwr_schemes import flwr_split  # noqa: E402
 from fedpcd.data.partition import PARTITIONERS, make_partition  # noqa: E402
+from fedpcd.data.tensors import channel_stats  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
+from fedpcd.resolve import load_config  # noqa: E402
 from fedpcd.run_format import RunFiles  # noqa: E402
 
 TRAIN_PER_CLASS = (10, 10, 10)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation, resolve_device, to_device
 from fedpcd.errors import UserError
+from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=32", "rounds=2"]
 NO_CUDA = "engine.device=cuda but no CUDA device is available; choose cpu or auto"

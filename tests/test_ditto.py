@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from conftest import SMALL_EVERY_METRIC, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import ditto as ditto_module
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
+from fedpcd.resolve import load_config
 
 SMALL = SMALL_EVERY_METRIC
 LOCAL = LocalTraining(epochs=2, batch_size=4, lr=0.1, momentum=0.9, weight_decay=1e-3)

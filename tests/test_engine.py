@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import requires_fmnist, run_records
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation, sample_clients
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
+from fedpcd.resolve import load_config
 from fedpcd.utils import derive_seed
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from conftest import HETERO_MODELS, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedclassavg import FedClassAvg, classifier_proximal, supcon_loss
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.models import head_keys
+from fedpcd.resolve import load_config
 
 
 def _alg(name: str = "fedclassavg", **params):

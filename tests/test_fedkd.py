@@ -22,11 +22,11 @@ from fedpcd.algorithms.fedkd import (
     svd_compress,
     svd_reconstruct,
 )
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
+from fedpcd.resolve import load_config
 
 S = 3
 LN2, LN3 = math.log(2.0), math.log(3.0)

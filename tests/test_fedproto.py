@@ -15,12 +15,12 @@ from conftest import HETERO_MODELS, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fedproto import FedProto, NearestPrototype, prototype_mse
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.metrics import predict
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
+from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 

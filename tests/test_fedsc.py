@@ -25,11 +25,11 @@ from fedpcd.algorithms.fedsc import (
     select_neighbors,
     u_normaliser,
 )
-from fedpcd.config import load_config
 from fedpcd.data.partition import make_partition, nid2
 from fedpcd.engine import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
+from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 

@@ -33,7 +33,6 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from conftest import assert_same_backend_run, run_records  # noqa: E402
 from fedpcd.algorithms import ALGORITHMS, FedAvg  # noqa: E402
-from fedpcd.config import load_config  # noqa: E402
 from fedpcd.engine.simulation import run_local  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import records  # noqa: E402
@@ -41,6 +40,7 @@ from fedpcd.flower.client_app import app as client_app  # noqa: E402
 from fedpcd.flower.discovery import discover, federation_size, fit_to_federation  # noqa: E402
 from fedpcd.flower.protocol import GET_STATE, STATE, TASK, raise_for_error, tag_user_error  # noqa: E402
 from fedpcd.flower.server_app import config_from_run_config, serve  # noqa: E402
+from fedpcd.resolve import load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]

@@ -24,9 +24,9 @@ import torch
 pytest.importorskip("flwr")
 
 from conftest import assert_same_backend_run, requires_fmnist  # noqa: E402
-from fedpcd.config import load_config  # noqa: E402
 from fedpcd.engine.simulation import run_local  # noqa: E402
 from fedpcd.flower import procs  # noqa: E402
+from fedpcd.resolve import load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HOME_FLWR_EXISTED = (Path.home() / ".flwr").exists()

@@ -13,11 +13,11 @@ from conftest import CNN5_SYNTHETIC16, HETERO_MODELS, seeded, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fml import kl_divergence, mutual_losses
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
+from fedpcd.resolve import load_config
 
 S = 3
 LN2, LN3 = math.log(2.0), math.log(3.0)

@@ -10,12 +10,12 @@ import torch
 from fedpcd.algorithms.fedavg import feature_map
 from fedpcd.algorithms.fedgela import simplex_etf
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError
 from fedpcd.report import load_runs, report_table
 from fedpcd.report.geometry import class_means, mean_angle, run_geometry
+from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32", "clients=4"]
 

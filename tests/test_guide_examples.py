@@ -26,13 +26,13 @@ from conftest import run_records
 from fedpcd.algorithms import ALGORITHMS, FedAvg
 from fedpcd.algorithms.base import clone_state, local_steps, tensor_bytes
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.vectorized import blocker
 from fedpcd.models import backbone_keys, head_keys
+from fedpcd.resolve import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "adding-an-algorithm.md"

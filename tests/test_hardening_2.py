@@ -132,7 +132,7 @@ def test_sweep_prints_grid_progress_as_runs_end(tmp_path, capsys):
 def test_progress_line_counts_running_rounds_and_eta(tmp_path):
     """By hand: 2 of 5 done (10 s and 20 s), 1 failed, 2 left on 2 jobs: ETA 2 * 15 s / 2 = 15 s; a running
     run shows its last evaluated round from its metrics.jsonl."""
-    from fedpcd.config import load_config
+    from fedpcd.resolve import load_config
     from fedpcd.sweep import _Progress
 
     cfg = load_config(None, [*RUN, "rounds=7", f"output_dir={tmp_path / 'seed3'}"])

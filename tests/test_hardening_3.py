@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from fedpcd import procs_guard
-from fedpcd.config import load_config
 from fedpcd.config_input import MAX_CONFIG_BYTES
 from fedpcd.errors import UserError
 from fedpcd.procs_guard import exit_when_gone, out_of_memory_line
+from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 SMALLER_RUN = (

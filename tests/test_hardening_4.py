@@ -19,9 +19,9 @@ import yaml
 
 import fedpcd
 from fedpcd import api
-from fedpcd.config import load_config
 from fedpcd.errors import STOP_SIGNALS, UserError
 from fedpcd.report import read_metrics, read_summary
+from fedpcd.resolve import load_config
 from fedpcd.run_schema import MAX_ROUNDS, Record, Summary, check
 from fedpcd.sweep import MAX_RUNS, expand_sweep
 from fedpcd.utils import read_user_bytes, read_user_text, show_text

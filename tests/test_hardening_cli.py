@@ -18,8 +18,8 @@ import yaml
 import fedpcd.engine
 import fedpcd.utils
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.errors import RunInUseError, UserError
+from fedpcd.resolve import load_config
 from fedpcd.sweep import expand_sweep, run_status
 from fedpcd.utils import atomic_write_text, read_json
 

@@ -19,12 +19,13 @@ import yaml
 
 from conftest import run_records
 from fedpcd.cli import main
-from fedpcd.config import canonical_config, config_yaml, load_config
+from fedpcd.config_identity import canonical_config, config_yaml
 from fedpcd.data.datasets import load_dataset
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.state_store import ClientStateStore
 from fedpcd.errors import UserError
+from fedpcd.resolve import load_config
 from test_reliability import _interrupt_in_round
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=50"]
@@ -270,9 +271,9 @@ def test_out_of_range_values_exit_2_with_one_line(args, needle, capsys):
 
 
 def test_a_model_over_the_weight_limit_is_refused_at_load(monkeypatch, capsys):
-    import fedpcd.config
+    import fedpcd.resolve
 
-    monkeypatch.setattr(fedpcd.config, "MAX_MODEL_PARAMS", 10**6)  # mlp's widest (8192 units) is below 1e8
+    monkeypatch.setattr(fedpcd.resolve, "MAX_MODEL_PARAMS", 10**6)  # mlp's widest (8192 units) is below 1e8
     assert main(["run", *SMALL, "model.hidden=2000"]) == 2
     assert "more than the limit of 1e+06" in _error_line(capsys)
 

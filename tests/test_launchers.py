@@ -21,8 +21,8 @@ import yaml
 
 from conftest import run_records, run_summary
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.launchers import SLURM_TIME_MIN, parse_slurm
+from fedpcd.resolve import load_config
 from fedpcd.sweep import _Progress
 
 requires = {

@@ -13,11 +13,11 @@ import fedpcd
 from fedpcd.algorithms import ALGORITHMS
 from fedpcd.api import _citation, describe
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.data.datasets import DATASETS
 from fedpcd.data.partition import PARTITIONERS
 from fedpcd.models import MODELS
 from fedpcd.params import param_spec, type_text
+from fedpcd.resolve import load_config
 
 REGISTRIES = {"algorithm": ALGORITHMS, "model": MODELS, "dataset": DATASETS, "partition scheme": PARTITIONERS}
 # the config keys that choose each kind of component, and the section holding its parameters
@@ -84,7 +84,7 @@ def test_a_name_of_two_kinds_shows_both():
     blocks = describe("fedssa").split("\n\n")
     assert [b.splitlines()[0] for b in blocks] == [
         "algorithm fedssa (fedpcd.algorithms.fedssa.FedSSA)",
-        "partition scheme fedssa (fedpcd.data.schemes.fedssa)",
+        "partition scheme fedssa (fedpcd.data.paper_schemes.fedssa)",
     ]
 
 

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from fedpcd.algorithms import ALGORITHMS, FedAvg, LocalWork
-from fedpcd.config import load_config
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation, global_evaluation
+from fedpcd.resolve import load_config
 
 SMALL = [
     "dataset.name=synthetic",

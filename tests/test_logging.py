@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from fedpcd.config import load_config
 from fedpcd.engine.simulation import resume_run, run_local
 from fedpcd.errors import UserError
 from fedpcd.logs import LOGGER, run_log, setup
+from fedpcd.resolve import load_config
 from fedpcd.run_format import RunFiles
 
 TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "clients=2"]

@@ -15,7 +15,6 @@ from pydantic import Field
 from fedpcd.algorithms import ALGORITHMS, build_algorithm
 from fedpcd.algorithms.fedgela import FedGELA
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.data.partition import PARTITIONERS, make_partition, resolve_params
 from fedpcd.errors import UserError
 from fedpcd.models import MODELS, build_model
@@ -28,6 +27,7 @@ from fedpcd.params import (
     param_description,
     validate_params,
 )
+from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "clients=3", "rounds=1"]
 

@@ -17,9 +17,10 @@ import fedpcd.engine
 import fedpcd.logs
 import fedpcd.sweep
 from fedpcd.cli import INIT_FILE, LIST_WIDTH, main
-from fedpcd.config import config_yaml, load_config
+from fedpcd.config_identity import config_yaml
 from fedpcd.config_input import config_path, shipped_configs
 from fedpcd.errors import UserError
+from fedpcd.resolve import load_config
 from fedpcd.sweep import expand_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,10 +18,10 @@ import pytest
 
 from conftest import HETERO_MODELS, requires_fmnist, run_records
 from fedpcd.algorithms import ALGORITHMS, FedAvg
-from fedpcd.config import load_config
 from fedpcd.engine import pool
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.simulation import resume_run, run_local
+from fedpcd.resolve import load_config
 
 FMNIST = [
     "dataset.name=fmnist",

@@ -11,8 +11,9 @@ import yaml
 
 from fedpcd.algorithms.presets import apply_preset, presets_of
 from fedpcd.api import describe
-from fedpcd.config import config_from_dict, config_yaml, load_config
+from fedpcd.config_identity import config_yaml
 from fedpcd.errors import UserError
+from fedpcd.resolve import config_from_dict, load_config
 
 FIVE = ("fedgela", "fedmr", "fednh", "fedsc", "fedssa")
 
@@ -277,8 +278,9 @@ def test_archived_preset_runs_resolve_as_they_were_written():
     (its resume and rerun), though its label now names the method keys its config overrode."""
     from pathlib import Path
 
-    from fedpcd.config import canonical_config, load_run_config, run_setting
+    from fedpcd.config_identity import canonical_config, run_setting
     from fedpcd.labels import run_label
+    from fedpcd.resolve import load_run_config
 
     runs = Path(__file__).resolve().parents[1] / "docs" / "results" / "runs" / "headline-fedssa-fmnist"
     folders = sorted(runs.glob("fedssa-preset*_seed0"))

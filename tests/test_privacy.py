@@ -14,7 +14,6 @@ import yaml
 
 from conftest import run_records, run_summary
 from fedpcd.algorithms import ALGORITHMS, FedAvg, build_algorithm
-from fedpcd.config import load_config
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.privacy import (
@@ -29,6 +28,7 @@ from fedpcd.engine.privacy import (
 )
 from fedpcd.engine.simulation import run_local
 from fedpcd.errors import UserError
+from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32", "clients=4"]
 

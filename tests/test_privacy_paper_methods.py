@@ -14,7 +14,6 @@ import torch
 from conftest import TINY_SYNTHETIC
 from fedpcd.algorithms import ALGORITHMS, build_algorithm
 from fedpcd.algorithms.base import Upload
-from fedpcd.config import load_config
 from fedpcd.engine.privacy import (
     add_noise,
     bound_uploads,
@@ -25,6 +24,7 @@ from fedpcd.engine.privacy import (
     noise_uploads,
     stat_bounds,
 )
+from fedpcd.resolve import load_config
 
 PAPER = ["fedgela", "fedmr", "fednh", "fedsc", "fedssa"]
 TINY = [

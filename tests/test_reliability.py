@@ -20,11 +20,11 @@ import torch
 from conftest import run_records, run_summary
 from fedpcd.algorithms import ALGORITHMS, FedAvg
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.engine import resume_run, run_experiment
 from fedpcd.engine.records import read_records, record_line
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import DivergenceError, UserError
+from fedpcd.resolve import load_config
 from fedpcd.sweep import run_status
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=50"]

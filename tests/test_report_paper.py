@@ -406,8 +406,9 @@ def test_global_accuracy_per_class_is_recorded_and_drawn_for_one_run(tmp_path, c
 def test_a_run_stopped_by_divergence_ranks_its_method_last_in_that_setting(tmp_path):
     """fedprox ties fedavg on Dir(0.1) and has no finished IID run; a seed of each stopped by divergence
     (stopped.json beside the finished runs) ranks it last in both settings; another error does not count."""
-    from fedpcd.config import config_from_dict, dump_config
+    from fedpcd.config_identity import dump_config
     from fedpcd.report.paper import diverged_cells
+    from fedpcd.resolve import config_from_dict
 
     fedavg, fedprox = {"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}
     iid = {"scheme": "iid"}

@@ -10,9 +10,9 @@ import torch
 
 from conftest import run_records
 from fedpcd.algorithms import ALGORITHMS, FedAvg
-from fedpcd.config import load_config
 from fedpcd.engine.guard import reply_problem
 from fedpcd.engine.simulation import run_local
+from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "clients=4", "rounds=3"]
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from conftest import TINY_SYNTHETIC, run_records
-from fedpcd.config import load_config
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.server_opt import STATE, server_step
+from fedpcd.resolve import load_config
 
 TINY = [
     *TINY_SYNTHETIC,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedpcd.config import load_config
+from fedpcd.resolve import load_config
 from fedpcd.sweep import expand_sweep
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))

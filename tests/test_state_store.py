@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedpcd.config import load_config
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.state_store import ClientStateStore, compact, state_store_for
 from fedpcd.errors import UserError
+from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=32"]
 

@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 from fedpcd.cli import main
-from fedpcd.config import load_config
 from fedpcd.errors import UserError
 from fedpcd.report import (
     group_runs,
@@ -19,6 +18,7 @@ from fedpcd.report import (
     rounds_to_target,
     swing,
 )
+from fedpcd.resolve import load_config
 from fedpcd.sweep import expand_sweep, run_status
 
 
@@ -208,8 +208,8 @@ def test_a_preset_run_pairs_with_the_reference_in_its_setting_whatever_its_prese
     """FedGELA's `official` preset sets local.grad_clip 20: that is part of the method, so its run pairs
     with FedAvg's of the same seed; a run that differs in a key its preset does not set does not pair, and
     neither does one whose preset key was set by the config to another value than the preset's."""
-    from fedpcd.config import load_config
     from fedpcd.report import Run, paired_run, reference_runs, same_setting
+    from fedpcd.resolve import load_config
 
     def run(name: str, *overrides: str) -> Run:
         config = load_config(None, ["seed=1", f"output_dir={tmp_path / name}", *overrides]).to_dict()

@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from fedpcd.config import canonical_config, load_config
+from fedpcd.config_identity import canonical_config
 from fedpcd.engine.records import record_line
 from fedpcd.errors import UserError
+from fedpcd.resolve import load_config
 from fedpcd.run_format import RunFiles
 from fedpcd.sweep import expand_sweep
 from fedpcd.trackers import INSTALL, check_trackers, open_trackers, scalars
@@ -323,7 +324,7 @@ def test_two_round_run_feeds_every_tracker(tmp_path):
 # argv[1] says, after W&B logged the round and before trackers.json / the checkpoint records it
 KILLED_RUN = """
 import os, signal, sys
-from fedpcd.config import load_config
+from fedpcd.resolve import load_config
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.simulation import run_local
 from fedpcd.trackers import Trackers

@@ -22,7 +22,6 @@ from fedpcd.algorithms.fedmr import (
 )
 from fedpcd.algorithms.fedproc import prototype_contrastive_loss
 from fedpcd.algorithms.fedsc import rpcl_loss
-from fedpcd.config import load_config
 from fedpcd.data.datasets import load_dataset
 from fedpcd.engine import run_experiment
 from fedpcd.engine.executor import LocalExecutor
@@ -30,6 +29,7 @@ from fedpcd.engine.federation import build_federation
 from fedpcd.engine.metrics import predict
 from fedpcd.models import FedModel, build_model
 from fedpcd.models.fast_convnet import convnet_logits, pool_relu_backward, pool_relu_masks
+from fedpcd.resolve import load_config
 
 BASE = [
     "dataset.name=synthetic16",

@@ -17,18 +17,15 @@ pandas until they are needed. Sweeps and reports are `fedpcd.api.sweep` and `fed
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+from fedpcd._version import __version__ as __version__  # the public front states it
 
 if TYPE_CHECKING:
     from fedpcd.api import Report, RunResult, describe, load_index, load_runs, partition, run
-    from fedpcd.config import Config, load_config
+    from fedpcd.config import Config
     from fedpcd.errors import UserError
-
-try:
-    __version__ = version("fedpcd")  # defined once, in pyproject.toml
-except PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
+    from fedpcd.resolve import load_config
 
 _HOMES = {
     "run": "fedpcd.api",
@@ -38,7 +35,7 @@ _HOMES = {
     "load_index": "fedpcd.api",
     "partition": "fedpcd.api",
     "describe": "fedpcd.api",
-    "load_config": "fedpcd.config",
+    "load_config": "fedpcd.resolve",
     "Config": "fedpcd.config",
     "UserError": "fedpcd.errors",
 }

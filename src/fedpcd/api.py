@@ -31,22 +31,13 @@ import numpy as np
 import yaml
 from pydantic import BaseModel
 
-from fedpcd.config import (
-    HF_COLUMNS,
-    Config,
-    DatasetConfig,
-    _flatten,
-    apply_overrides,
-    config_changes,
-    config_from_dict,
-    describe_changes,
-    load_run_config,
-    run_setting,
-)
+from fedpcd.config import Config, DatasetConfig
+from fedpcd.config_identity import HF_COLUMNS, config_changes, describe_changes, flatten, run_setting
+from fedpcd.config_input import apply_overrides, read_yaml
 from fedpcd.config_input import config_path as config_file
-from fedpcd.config_input import read_yaml
 from fedpcd.errors import UserError, clip, close_matches, short
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
+from fedpcd.resolve import config_from_dict, load_run_config
 from fedpcd.run_format import RunFiles
 from fedpcd.utils import plain_text, show_path, text_table
 
@@ -366,7 +357,7 @@ def _config_columns(config: dict[str, Any]) -> dict[str, Any]:
         f"config.{key}" if key in _RECORD_KEYS else key: json.dumps(value)
         if isinstance(value, (list, dict))
         else value
-        for key, value in _flatten(config).items()
+        for key, value in flatten(config).items()
         if key != "seed"  # a column already
     }
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fedpcd import __version__
+from fedpcd._version import __version__
 from fedpcd.errors import STOP_SIGNALS, Terminated, UserError
 from fedpcd.procs_guard import (
     out_of_memory_line,
@@ -47,7 +47,7 @@ def _summary_table(summary: dict[str, Any]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from fedpcd.config import load_config
+    from fedpcd.resolve import load_config
 
     if args.resume:
         # --allow-config-change KEY=VALUE sets the key too; nargs="+" also takes the overrides after it
@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def cmd_partition(args: argparse.Namespace) -> None:
-    from fedpcd.config import load_config
+    from fedpcd.resolve import load_config
     from fedpcd.utils import atomic_write_text, check_writable
 
     cfg = load_config(args.config, args.overrides)
@@ -244,8 +244,9 @@ def cmd_init(args: argparse.Namespace) -> None:
 
 
 def cmd_config_show(args: argparse.Namespace) -> None:
-    from fedpcd.config import config_yaml, load_config
+    from fedpcd.config_identity import config_yaml
     from fedpcd.config_input import read_yaml
+    from fedpcd.resolve import load_config
 
     if args.config and "sweep" in read_yaml(args.config):  # every run of the grid, one YAML document each
         from fedpcd.sweep import expand_sweep

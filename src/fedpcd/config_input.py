@@ -1,5 +1,5 @@
-"""Reading what users write for a config: YAML files, ``KEY=VALUE`` overrides, and the bounds every value
-must meet before it is validated (``fedpcd.config``).
+"""Reading what users write for a config: YAML files, ``KEY=VALUE`` overrides and how they apply to a file
+(``apply_overrides``), and the bounds every value must meet before it is validated (``fedpcd.config``).
 
 YAML is read with aliases refused (a few hundred bytes of them expand to gigabytes), nesting bounded, a
 mapping's key given twice refused (YAML would keep the last silently), and its size bounded before it is
@@ -217,3 +217,17 @@ def check_values(tree: Any, key: str = "", depth: int = 0) -> None:
                 f"bad value for '{name}' ({tree!r}): must be representable as float32 (0, or 1.4e-45 <= |x| "
                 "<= 3.4e+38)"
             )
+
+
+# Overriding one of these drops the file's other keys of that section (they belong to the old choice).
+SWITCHES = (("partition", "scheme"), ("model", "name"), ("algorithm", "name"))
+
+
+def apply_overrides(raw: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` updated by the nested overrides ``extra``; an override that switches the scheme, model or
+    algorithm (``SWITCHES``) drops that section's other keys of ``raw`` (they were for the old choice)."""
+    for section, key in SWITCHES:
+        given, new = raw.get(section), extra.get(section)
+        if isinstance(given, dict) and isinstance(new, dict) and key in new and new[key] != given.get(key):
+            raw = {**raw, section: {}}
+    return merge_dicts(raw, extra)

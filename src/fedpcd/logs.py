@@ -22,7 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from fedpcd._version import __version__
 from fedpcd.errors import UserError
+from fedpcd.run_format import RunFiles
 
 LOGGER = logging.getLogger("fedpcd")
 FILE_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -101,9 +103,6 @@ def run_log(path: str | Path) -> Iterator[None]:
     A process runs one run at a time: lines logged by anything else in the process meanwhile land there too.
     A run.log that cannot be opened (a symbolic link there included: never followed) is a one-line
     UserError."""
-    from fedpcd import __version__
-    from fedpcd.run_format import RunFiles
-
     file = RunFiles(path).run_log
     key = file.resolve()
     if key in _RUN_LOGS:

@@ -25,7 +25,7 @@ PLUGIN_GROUPS = {
     "algorithm": ("fedpcd.algorithms", "fedpcd.algorithms"),
     "model": ("fedpcd.models", "fedpcd.models"),
     "dataset": ("fedpcd.datasets", "fedpcd.data.datasets"),
-    "partition scheme": ("fedpcd.partitions", "fedpcd.data.schemes"),
+    "partition scheme": ("fedpcd.partitions", "fedpcd.data.partition"),
 }
 
 _LOCK = threading.RLock()  # one thread imports the plugins; re-entered by a plugin that queries a registry

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedpcd._version import __version__
+
 
 class RunFiles:
     """The paths of one run directory's files (nothing is read or written here).
@@ -316,8 +318,6 @@ def code_version() -> dict[str, Any]:
             whenever a change alters a run's numbers. Records written before the flag and the hash had
             `"<commit>+dirty"` instead (still read: [`code_key`][fedpcd.run_format.code_key]).
     """
-    from fedpcd import __version__
-
     here = Path(__file__).resolve().parent
     record: dict[str, Any] = {"fedpcd": __version__, "commit": None}
     try:

@@ -62,10 +62,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedpcd.config import Config, config_from_dict
+from fedpcd.config import Config
 from fedpcd.config_input import merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import RunInUseError, UserError, clip
 from fedpcd.labels import warn_overrides
+from fedpcd.resolve import config_from_dict
 from fedpcd.run_format import ALLOW_DIRTY, GA, PA_SPLIT, RunFiles, code_version
 from fedpcd.utils import make_folder, path_error, show_path, show_text
 

@@ -45,7 +45,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from fedpcd.config import Config, _flatten, config_yaml
+from fedpcd.config import Config
+from fedpcd.config_identity import config_yaml, flatten
 from fedpcd.errors import UserError
 from fedpcd.run_format import RunFiles
 from fedpcd.utils import quiet, read_json
@@ -62,7 +63,7 @@ def scalars(tree: dict[str, Any]) -> dict[str, float]:
     booleans and lists skipped)."""
     return {
         key: float(value)
-        for key, value in _flatten(tree).items()
+        for key, value in flatten(tree).items()
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     }
 
@@ -300,7 +301,7 @@ class _MLflow:
         entry["run_id"] = self.run_id
         params = [
             Param(key, value if isinstance(value, str) else json.dumps(value))
-            for key, value in _flatten(config.to_dict()).items()
+            for key, value in flatten(config.to_dict()).items()
         ]
         for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
             self.client.log_batch(self.run_id, params=params[start : start + MAX_PARAMS_TAGS_PER_BATCH])

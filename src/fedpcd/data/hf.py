@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpcd.data.datasets import HF_PREFIX, Dataset, Loader, channel_stats
+from fedpcd.catalog import HF_PREFIX
 from fedpcd.data.files import _cache_dir, find_or_download
+from fedpcd.data.tensors import Dataset, Loader, channel_stats
 from fedpcd.errors import UserError, clip
 from fedpcd.utils import atomic_write, show_path
 

@@ -4,8 +4,9 @@ A partition is a pure function of `(labels, scheme, params, seed)`: every scheme
 `np.random.Generator` it is given (`make_partition` seeds it with `np.random.default_rng(seed)`), never
 from numpy's or Python's global random state, so the same inputs always give identical index arrays.
 
-Schemes (`PARTITIONERS`, defined in `fedpcd.data.schemes`; a scheme's keyword-only parameters with
-defaults are its config keys, typed and bounded by their annotations and checked by `resolve_params`):
+Schemes (`PARTITIONERS`, defined in `fedpcd.data.schemes`, `paper_schemes` and `flwr_schemes`; a scheme's
+keyword-only parameters with defaults are its config keys, typed and bounded by their annotations and checked
+by `resolve_params`):
 
 - `iid`: shuffle and split evenly.
 - `dirichlet`: per class, client shares q ~ Dir(beta * 1_K) (the MOON / FedGELA / FedSC recipe).
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedpcd.data import flwr_schemes  # noqa: F401  (registers Flower's partitioners)
+from fedpcd.data.paper_schemes import LONGTAIL_THEN, fedssa, longtail, longtail_sizes, nid2
 from fedpcd.data.scheme_base import (
     PARTITIONERS,
     SchemeSplit,
@@ -44,19 +47,7 @@ from fedpcd.data.scheme_base import (
     resolve_params,
     scheme_params,
 )
-from fedpcd.data.schemes import (
-    LONGTAIL_THEN,
-    dirichlet,
-    explicit,
-    fedssa,
-    iid,
-    longtail,
-    longtail_sizes,
-    natural,
-    nid2,
-    pathological,
-    shards,
-)
+from fedpcd.data.schemes import dirichlet, explicit, iid, natural, pathological, shards
 from fedpcd.errors import UserError
 
 __all__ = [

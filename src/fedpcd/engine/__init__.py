@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd.algorithms import FedAvg
-from fedpcd.config import Config, load_config
+from fedpcd.config import Config
 from fedpcd.engine.checkpoint import check_checkpoint
 from fedpcd.engine.federation import Federation, build_federation, set_threads
 from fedpcd.engine.rounds import RecordHook
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.simulation import check_record_hook, resume_run, run_local
 from fedpcd.errors import UserError
+from fedpcd.resolve import load_config
 
 __all__ = ["check_record_hook", "open_run", "resume_run", "run_experiment", "run_local"]
 

@@ -19,13 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpcd.config import (
-    Config,
-    canonical_config,
-    config_changes,
-    config_hash,
-    describe_changes,
-)
+from fedpcd.config import Config
+from fedpcd.config_identity import canonical_config, config_changes, config_hash, describe_changes
 from fedpcd.engine.records import record_line
 from fedpcd.errors import UserError, clip, short
 from fedpcd.run_format import RunFiles

@@ -19,8 +19,9 @@ from torch import nn
 from fedpcd.algorithms import ClientData, Context, FedAvg, build_algorithm
 from fedpcd.algorithms.base import param_names
 from fedpcd.config import Config
-from fedpcd.data.datasets import Dataset, load_configured
+from fedpcd.data.datasets import load_configured
 from fedpcd.data.partition import Partition, make_partition
+from fedpcd.data.tensors import Dataset
 from fedpcd.engine.metrics import accuracy, per_class_accuracy, predict
 from fedpcd.errors import UserError
 from fedpcd.models import build_model

@@ -25,11 +25,13 @@ from typing import Any
 
 import torch
 
-from fedpcd.config import Config, canonical_config, config_yaml, describe_changes, load_config
+from fedpcd.config import Config
+from fedpcd.config_identity import canonical_config, config_yaml, describe_changes
 from fedpcd.engine.checkpoint import changes_since, load_checkpoint_file
 from fedpcd.engine.records import read_records, record_line
 from fedpcd.errors import RunInUseError, UserError
 from fedpcd.logs import LOGGER
+from fedpcd.resolve import load_config
 from fedpcd.run_format import RunFiles
 from fedpcd.run_schema import Summary, check
 from fedpcd.utils import atomic_write, read_json

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedpcd.config import Config, dump_config, load_run_config
+from fedpcd.config import Config
+from fedpcd.config_identity import dump_config
 from fedpcd.engine.checkpoint import check_allowed_changes, check_checkpoint
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.guard import warn
@@ -24,6 +25,7 @@ from fedpcd.engine.rounds import RecordHook, open_run, run_rounds
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.logs import LOGGER
+from fedpcd.resolve import load_run_config
 
 
 def check_record_hook(config: Config, on_record: RecordHook | None) -> None:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from fedpcd.config import Config, dump_config
+from fedpcd.config import Config
+from fedpcd.config_identity import dump_config
 from fedpcd.errors import UserError
 from fedpcd.flower import _env, procs
 from fedpcd.run_format import RunFiles

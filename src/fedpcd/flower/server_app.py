@@ -31,7 +31,7 @@ _env.set_offline_defaults()
 from flwr.app import Context  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
-from fedpcd.config import Config, load_config  # noqa: E402
+from fedpcd.config import Config  # noqa: E402
 from fedpcd.engine.federation import Federation  # noqa: E402
 from fedpcd.engine.rounds import open_run, run_rounds  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
@@ -39,6 +39,7 @@ from fedpcd.flower import secagg  # noqa: E402
 from fedpcd.flower.discovery import PollingGrid, discover, federation_size, fit_to_federation  # noqa: E402
 from fedpcd.flower.grid_executor import GridExecutor  # noqa: E402
 from fedpcd.flower.protocol import config_text  # noqa: E402
+from fedpcd.resolve import load_config  # noqa: E402
 from fedpcd.run_format import headline  # noqa: E402
 
 LOG = logging.getLogger("flwr")

@@ -16,14 +16,22 @@ a vmap rule for training many clients' copies at once.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from fedpcd.models.cnn import ConvNet
+
+class ConvNetLayers(Protocol):
+    """The layers of ``fedpcd.models.cnn.ConvNet`` that these kernels read."""
+
+    feature_relu: bool
+    conv1: nn.Conv2d
+    conv2: nn.Conv2d
+    fc1: nn.Linear
+    fc2: nn.Linear
+    head: nn.Linear
 
 
 def pool_relu_masks(a: Tensor, masks: bool) -> tuple[Tensor, list[Tensor]]:
@@ -188,7 +196,7 @@ class _ConvNetFeatures(torch.autograd.Function):
 
 
 @torch.no_grad()
-def convnet_logits(model: ConvNet, x: Tensor) -> Tensor:
+def convnet_logits(model: ConvNetLayers, x: Tensor) -> Tensor:
     """``model(x)`` of a ConvNet without gradient, bit for bit, with the faster max-pool (the convolutions
     and linear layers are the model's own): ``ConvNet.inference_forward``, what predictions use."""
     a = pool_relu_masks(model.conv1(x), masks=False)[0]
@@ -197,7 +205,7 @@ def convnet_logits(model: ConvNet, x: Tensor) -> Tensor:
     return model.head(F.relu(z) if model.feature_relu else z)
 
 
-def batched_features(self: ConvNet, x: Tensor) -> Tensor:
+def batched_features(self: ConvNetLayers, x: Tensor) -> Tensor:
     """``ConvNet.features`` as one autograd node whose vmap rule is :func:`convnet_features_stacked`: bound
     to the copy the vectorized executor vmaps (``ConvNet.vmap_copy``)."""
     return _ConvNetFeatures.apply(

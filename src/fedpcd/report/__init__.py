@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedpcd.config import run_setting
+from fedpcd.config_identity import run_setting
 from fedpcd.errors import UserError, clip
 from fedpcd.run_format import CODE, GA, HEADLINE, REPORTED, RunFiles, code_key, same_code
 from fedpcd.run_schema import Record, Summary, check
@@ -79,7 +79,7 @@ def current_form(config: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """A run's config with the keys added since it was written filled with their defaults, so runs made
     by an older fedpcd group with new ones (as written if it no longer validates but still has the keys the
     report reads; otherwise a UserError naming ``path``)."""
-    from fedpcd.config import config_from_dict
+    from fedpcd.resolve import config_from_dict
 
     try:
         return config_from_dict(config).to_dict()
@@ -321,7 +321,7 @@ def group_runs(runs: list[Run]) -> tuple[list[str], dict[tuple, list[Run]]]:
 
 def _defaults(section: str, main_key: str, main: Any) -> dict[str, Any]:
     """The resolved default parameters of a partition scheme, model or algorithm."""
-    from fedpcd.config import config_from_dict
+    from fedpcd.resolve import config_from_dict
 
     try:
         return _flatten({section: config_from_dict({section: {main_key: main}}).to_dict()[section]})

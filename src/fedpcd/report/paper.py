@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedpcd.config import run_setting
+from fedpcd.config_identity import run_setting
 from fedpcd.report import (
     Run,
     _flatten,
