@@ -13,7 +13,6 @@ from torch import nn
 
 from conftest import local_work, seeded, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
-from fedpcd.algorithms.base import weighted_average
 from fedpcd.algorithms.creff import (
     RETRAIN_STREAM,
     aggregate_class_gradients,
@@ -24,6 +23,7 @@ from fedpcd.algorithms.creff import (
     matching_loss,
     retrain_classifier,
 )
+from fedpcd.algorithms.statedict import weighted_average
 from fedpcd.config import config_from_dict
 from fedpcd.engine import run_experiment
 from fedpcd.models import backbone_keys, build_model, head_keys

@@ -199,7 +199,7 @@ def test_fedavg_fmnist_iid_reaches_acceptance_accuracy(tmp_path):
 
 
 def test_the_engine_reads_no_reply_field_by_a_string_literal():
-    """Reply fields are read through algorithms.base's names (MODEL, NUM_SAMPLES, TRAIN_LOSS) or the typed
+    """Reply fields are read through algorithms.context's names (MODEL, NUM_SAMPLES, TRAIN_LOSS) or the typed
     ClientReply, never as reply["model"] / .get("num_samples") in the engine or the Flower backend."""
     import ast
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY_SYNTHETIC, run_records
-from fedpcd.algorithms.base import coordinate_median, trimmed_mean
+from fedpcd.algorithms.statedict import coordinate_median, trimmed_mean
 from fedpcd.config import load_config
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation

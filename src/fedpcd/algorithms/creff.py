@@ -48,18 +48,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClassSums,
-    ClientData,
-    StateDict,
-    Upload,
-    clone_state,
-    device_of,
-    frozen_forward,
-    linear_init,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.common import ClassSums, frozen_forward, linear_init
+from fedpcd.algorithms.context import ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import StateDict, clone_state, device_of
 from fedpcd.models import head_keys
 from fedpcd.utils import derive_seed
 

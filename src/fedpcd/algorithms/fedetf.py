@@ -35,22 +35,18 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    Upload,
+from fedpcd.algorithms.common import balanced_softmax_loss, linear_init, log_prior
+from fedpcd.algorithms.context import ClientData, Upload, made_public
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.fedgela import simplex_etf
+from fedpcd.algorithms.statedict import (
     backbone_parameters,
-    balanced_softmax_loss,
     clone_state,
     device_of,
-    linear_init,
     load_backbone,
-    log_prior,
-    made_public,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
-from fedpcd.algorithms.fedgela import simplex_etf
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
 from fedpcd.utils import derive_seed

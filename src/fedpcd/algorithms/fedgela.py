@@ -83,19 +83,19 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    Upload,
+from fedpcd.algorithms.common import linear_init
+from fedpcd.algorithms.context import ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.presets import Preset
+from fedpcd.algorithms.readout import Readout
+from fedpcd.algorithms.statedict import (
     backbone_parameters,
     clone_state,
     device_of,
-    linear_init,
     load_backbone,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Readout, Reply
-from fedpcd.algorithms.presets import Preset
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
 from fedpcd.utils import derive_seed

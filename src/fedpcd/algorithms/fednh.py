@@ -32,20 +32,19 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClassSums,
-    ClientData,
-    Upload,
+from fedpcd.algorithms.common import ClassSums
+from fedpcd.algorithms.context import ClientData, Upload, made_public
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.presets import Preset
+from fedpcd.algorithms.readout import Readout
+from fedpcd.algorithms.statedict import (
     backbone_parameters,
     clone_state,
     device_of,
     load_backbone,
-    made_public,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Readout, Reply
-from fedpcd.algorithms.presets import Preset
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
 from fedpcd.utils import derive_seed

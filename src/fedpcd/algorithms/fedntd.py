@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, frozen_forward
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork
+from fedpcd.algorithms.common import frozen_forward
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork
+from fedpcd.algorithms.fedavg import FedAvg
 
 
 def not_true_logits(logits: Tensor, y: Tensor) -> Tensor:

@@ -45,17 +45,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    CLASS_MEAN_UPLOADS,
-    ClientData,
-    Upload,
-    aggregate_prototypes,
-    class_means_reply,
-    clone_state,
-    device_of,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.common import aggregate_prototypes, class_means_reply
+from fedpcd.algorithms.context import CLASS_MEAN_UPLOADS, ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import clone_state, device_of
 from fedpcd.errors import UserError
 from fedpcd.utils import derive_seed
 

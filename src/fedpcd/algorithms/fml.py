@@ -38,17 +38,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    Context,
-    Weighting,
-    clone_state,
-    device_of,
-    reply_weights,
-    weighted_average,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply, train_loop
+from fedpcd.algorithms.common import Weighting, reply_weights
+from fedpcd.algorithms.context import ClientData, Context
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor, Reply, train_loop
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import clone_state, device_of, weighted_average
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
 from fedpcd.utils import derive_seed

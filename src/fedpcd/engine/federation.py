@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedpcd.algorithms import ClientData, Context, FedAvg, build_algorithm
-from fedpcd.algorithms.base import param_names
+from fedpcd.algorithms import Algorithm, ClientData, Context, build_algorithm
+from fedpcd.algorithms.statedict import param_names
 from fedpcd.config import Config
 from fedpcd.data.datasets import Dataset, load_configured
 from fedpcd.data.partition import Partition, make_partition
@@ -83,7 +83,7 @@ class Federation:
             model.load_state_dict(initial)
         return model
 
-    def new_algorithm(self) -> FedAvg:
+    def new_algorithm(self) -> Algorithm:
         algorithm = build_algorithm(self.config.algorithm.name, self.config.algorithm.params())
         algorithm.setup(self.context)
         return algorithm
@@ -209,14 +209,14 @@ def sample_clients(num_clients: int, participation: float, seed: int, rnd: int) 
 
 
 def global_accuracy(
-    algorithm: FedAvg, model: nn.Module, fed: Federation, server: dict[str, Any]
+    algorithm: Algorithm, model: nn.Module, fed: Federation, server: dict[str, Any]
 ) -> float | None:
     """GA: the global predictor on the full test set (None for purely personalised methods)."""
     return global_evaluation(algorithm, model, fed, server)[0]
 
 
 def global_evaluation(
-    algorithm: FedAvg, model: nn.Module, fed: Federation, server: dict[str, Any]
+    algorithm: Algorithm, model: nn.Module, fed: Federation, server: dict[str, Any]
 ) -> tuple[float | None, list[float | None] | None]:
     """(GA, the global model's accuracy on each class of the test set), (None, None) without a global model;
     a class without test samples is None."""

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from fedpcd.algorithms import ALGORITHMS, build_algorithm
-from fedpcd.algorithms.base import CLASSES, MODEL, NUM_SAMPLES, TRAIN_LOSS, Upload
+from fedpcd.algorithms.context import CLASSES, MODEL, NUM_SAMPLES, TRAIN_LOSS, Upload
 from fedpcd.config import Config
 from fedpcd.engine.federation import sample_clients
 from fedpcd.errors import UserError
@@ -371,7 +371,7 @@ def coverage_table() -> str:
     """docs/privacy.md's table, from the declarations: per registered algorithm, each upload beyond
     ``num_samples`` and ``train_loss`` (always 1 and a diagnostic) and how it is bounded and noised, or
     why the algorithm is refused."""
-    from fedpcd.algorithms.base import UPLOAD_KINDS
+    from fedpcd.algorithms.context import UPLOAD_KINDS
 
     lines = ["| algorithm | upload | what it is | bound and noise under privacy.clip |", "|---|---|---|---|"]
     for name in ALGORITHMS.names():

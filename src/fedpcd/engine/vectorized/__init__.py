@@ -83,8 +83,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedpcd.algorithms import FedAvg
-from fedpcd.algorithms.base import tensor_bytes
+from fedpcd.algorithms import Algorithm
+from fedpcd.algorithms.statedict import tensor_bytes
+from fedpcd.algorithms.vectorizable import Vectorizable
 from fedpcd.engine.federation import Federation
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.engine.vectorized.clients import Fallback, Pending, begin, write_back
@@ -101,14 +102,18 @@ MEMORY_BUDGET = 2 << 30  # bytes of stacked per-client state and activations tra
 # ----- when it applies -------------------------------------------------------------------------------------
 
 
-def blocker(algorithm: FedAvg, fed: Federation, ids: Sequence[int]) -> str | None:
-    """Why the vectorized executor does not run this round (None: it does)."""
+def blocker(algorithm: Algorithm, fed: Federation, ids: Sequence[int]) -> str | None:
+    """Why the vectorized executor does not run this round (None: it does): the algorithm must declare the
+    capability (:class:`~fedpcd.algorithms.vectorizable.Vectorizable`), keep the contract's training loop and
+    not block this configuration."""
+    cls = type(algorithm)
+    if not isinstance(algorithm, Vectorizable):
+        return f"{cls.__name__} is not covered by the vectorized executor (it is not Vectorizable)"
     reason = algorithm.vectorize_blocker()
     if reason is not None:
         return reason
-    cls = type(algorithm)
     for hook in ("local_update", "fit"):
-        if getattr(cls, hook) is not getattr(FedAvg, hook):
+        if getattr(cls, hook) is not getattr(Algorithm, hook):
             return f"{cls.__name__} is not covered by the vectorized executor (it overrides {hook})"
     if len(ids) < 2:
         return "fewer than 2 participants"
@@ -121,7 +126,7 @@ _WARNED: set[str] = set()
 
 
 def train_or_none(
-    algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]
+    algorithm: Algorithm, fed: Federation, tasks: Sequence[ClientTask]
 ) -> list[ClientReply] | None:
     """The replies to ``tasks`` from the vectorized executor, or None when the sequential one should run
     them (a warning says why, once per reason)."""
@@ -182,7 +187,7 @@ def _chunk_size(model: nn.Module, fed: Federation, ids: Sequence[int]) -> int:
 # ----- the round -------------------------------------------------------------------------------------------
 
 
-def train_vectorized(algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
+def train_vectorized(algorithm: Algorithm, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
     """Train (and, where the task says so, personally evaluate) the clients of ``tasks``, chunk by chunk;
     the same replies as the sequential executor up to float rounding. Raises :class:`Fallback` when the
     clients' contexts cannot be stacked."""
@@ -194,7 +199,7 @@ def train_vectorized(algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientT
     return replies
 
 
-def _train_chunk(algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
+def _train_chunk(algorithm: Algorithm, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
     """One chunk of the round: ``begin_local`` per client, the clients trained in groups of equal structure
     (:func:`~fedpcd.engine.vectorized.steps.train_steps`), then per client the write-back, ``end_local`` and
     the personal evaluation (batched where it can be)."""

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedpcd.algorithms import ClientData, FedAvg, LocalWork
-from fedpcd.algorithms.fedavg import Readout
+from fedpcd.algorithms import Algorithm, ClientData, LocalWork
+from fedpcd.algorithms.readout import Readout
 from fedpcd.engine.federation import Federation, to_device
 from fedpcd.engine.tasks import ClientTask
 from fedpcd.engine.vectorized.stacking import model_tensors, tensor_leaves
@@ -51,15 +51,12 @@ def context_of(work: LocalWork) -> dict[str, Any]:
 
 
 def work_of(context: dict[str, Any], rng: torch.Generator, rnd: int) -> LocalWork:
-    """A traceable :class:`LocalWork` holding ``context`` (under vmap: one client's slices of the stacked
-    tensors), with nothing received and the spare generator ``rng`` (the loss must not draw)."""
-    values = context["values"]
-    return LocalWork(
-        context["payload"], context["state"], rng, round=rnd, received={}, traceable=True, **values
-    )
+    """A :class:`LocalWork` holding ``context`` (under vmap: one client's slices of the stacked tensors),
+    with nothing received and the spare generator ``rng`` (the loss must not draw)."""
+    return LocalWork(context["payload"], context["state"], rng, round=rnd, received={}, **context["values"])
 
 
-def begin(algorithm: FedAvg, fed: Federation, task: ClientTask) -> Client:
+def begin(algorithm: Algorithm, fed: Federation, task: ClientTask) -> Client:
     """The task's ``begin_local`` on the reusable model object, as the sequential executor runs it; which
     tensors it trains. Raises :class:`Fallback` for a trainable tensor the executor cannot stack."""
     k, rnd, payload, state = task.client, task.round, task.payload, task.state
