@@ -83,6 +83,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from fedpcd import seeds
 from fedpcd.algorithms.common import linear_init
 from fedpcd.algorithms.context import ClientData, Upload
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
@@ -98,10 +99,7 @@ from fedpcd.algorithms.statedict import (
 )
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
-from fedpcd.utils import derive_seed
 
-ETF_STREAM = 0xE7F  # derive_seed(run seed, ETF_STREAM): the ETF's generator
-PROJ_STREAM = 0xE80  # derive_seed(run seed, PROJ_STREAM): the projection's initial weights
 BN_MOMENTUM = 0.1  # torch's BatchNorm1d default (the code's)
 BN_EPS = 1e-5
 L2_EPS = 1e-12
@@ -317,9 +315,9 @@ class FedGELA(FedAvg):
         CPU, the same on every device) and kept on the model's device."""
         dim = self.etf_dim(model)
         etf = simplex_etf(
-            dim, self.ctx.num_classes, torch.Generator().manual_seed(derive_seed(self.ctx.seed, ETF_STREAM))
+            dim, self.ctx.num_classes, seeds.generator(seeds.fedgela_etf(self.ctx.seed))
         )
-        proj_gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, PROJ_STREAM))
+        proj_gen = seeds.generator(seeds.fedgela_projection(self.ctx.seed))
         proj = self.init_projection(int(model.feature_dim), dim, proj_gen)
         device = device_of(model)
         return {

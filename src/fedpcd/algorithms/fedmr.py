@@ -48,17 +48,13 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from fedpcd import seeds
 from fedpcd.algorithms.common import ClassSums, aggregate_prototypes, class_means_reply
 from fedpcd.algorithms.context import CLASS_MEAN_UPLOADS, ClientData, Upload
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
 from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.algorithms.presets import Preset
 from fedpcd.algorithms.statedict import device_of, weighted_average
-from fedpcd.utils import derive_seed
-
-SUBMITTER_STREAM = 0x464D52  # seed stream of the fixed prototype submitters ("FMR"); rounds use 1..R
-LITE_STREAM = 0x4C495445  # seed stream of the Lite sample choice, derived from the client's generator
-
 
 # ----- the two losses (Sec. 3.3.1, 3.3.2) -------------------------------------------------------------------
 
@@ -318,7 +314,7 @@ class FedMR(FedAvg):
         server["prototypes"] = torch.zeros(c, int(model.feature_dim), device=device)
         server["known"] = torch.zeros(c, dtype=torch.bool, device=device)
         m = min(k, max(1, round(self.submit_fraction * k)))
-        g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, SUBMITTER_STREAM))
+        g = seeds.generator(seeds.fedmr_submitters(self.ctx.seed))
         submitters = torch.zeros(k, dtype=torch.bool, device=device)
         submitters[torch.randperm(k, generator=g)[:m].to(device)] = True
         server["submitters"] = submitters
@@ -359,7 +355,7 @@ class FedMR(FedAvg):
         without ``submit`` (only ``end_local`` reads it)."""
         work.local = data.label_counts > 0
         if self.uses_prototypes and self.lite_samples is not None:
-            work.lite_rng = torch.Generator().manual_seed(derive_seed(work.rng.initial_seed(), LITE_STREAM))
+            work.lite_rng = seeds.generator(seeds.fedmr_lite(work.rng.initial_seed()))
         super().begin_local(model, data, work)
         work.payload = {k: v for k, v in work.payload.items() if k != "submit"}
 

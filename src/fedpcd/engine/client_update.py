@@ -28,7 +28,7 @@ from fedpcd.engine.metrics import personal_evaluation
 from fedpcd.engine.privacy import clip_update, stat_bounds
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.errors import UserError
-from fedpcd.utils import derive_seed
+from fedpcd.seeds import derive_seed
 
 __all__ = ["ClientReply", "ClientTask", "local_step", "make_tasks", "run_client", "run_clients"]
 

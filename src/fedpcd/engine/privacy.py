@@ -48,7 +48,7 @@ from fedpcd.algorithms.context import CLASSES, MODEL, NUM_SAMPLES, TRAIN_LOSS, U
 from fedpcd.config import Config
 from fedpcd.engine.federation import sample_clients
 from fedpcd.errors import UserError
-from fedpcd.utils import derive_seed
+from fedpcd.seeds import derive_seed
 
 NOISE_STREAM = 0xD9  # derive_seed(seed, round, NOISE_STREAM): the noise generator of a round
 UPLOAD_STREAM = 0xDA  # derive_seed(seed, round, client, UPLOAD_STREAM): a client's class-statistic noise

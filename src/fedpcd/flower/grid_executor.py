@@ -45,7 +45,7 @@ from fedpcd.flower.protocol import (
     TASK,
     raise_for_error,
 )
-from fedpcd.utils import derive_seed
+from fedpcd.seeds import derive_seed
 
 
 class GridExecutor:

@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedpcd import seeds
 from fedpcd.algorithms import Algorithm, ClientData, LocalWork
 from fedpcd.algorithms.readout import Readout
 from fedpcd.engine.federation import Federation, to_device
 from fedpcd.engine.tasks import ClientTask
 from fedpcd.engine.vectorized.stacking import model_tensors, tensor_leaves
-from fedpcd.utils import derive_seed
 
 
 class Fallback(Exception):
@@ -63,7 +63,7 @@ def begin(algorithm: Algorithm, fed: Federation, task: ClientTask) -> Client:
     model = fed.model_for(k, fresh=state is None)
     device = next(model.parameters()).device
     payload, state = to_device(payload, device), to_device(state, device)
-    rng = torch.Generator().manual_seed(derive_seed(fed.config.seed, rnd, k))
+    rng = seeds.generator(seeds.client_update(fed.config.seed, rnd, k))
     work = LocalWork(payload, state, rng, round=rnd)
     algorithm.begin_local(model, fed.clients[k], work)
     context = context_of(work)
