@@ -396,7 +396,7 @@ class Algorithm:
                 the new state.
 
         Returns:
-            `model` itself, a [`Readout`][fedpcd.algorithms.readout.Readout] over it (the model's weights
+            `model` itself, a `Readout` (`fedpcd.algorithms.readout`) over it (the model's weights
                 plus a few tensors), or any function from inputs to logits.
         """
         return model

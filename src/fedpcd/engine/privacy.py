@@ -18,7 +18,7 @@ ICLR 2018, Algorithm 1; the scheme of Flower's ``DifferentialPrivacyClientSideFi
    ``dp-accounting`` (its RDP accountant; the ``privacy`` extra installs it).
 
 Uploads beyond the model: an algorithm declares how each of its ``extra_uploads`` is bounded (its ``uploads``,
-:class:`fedpcd.algorithms.base.Upload`; the kinds in ``UPLOAD_KINDS``) and :func:`clip_update` and
+:class:`fedpcd.algorithms.context.Upload`; the kinds in ``UPLOAD_KINDS``) and :func:`clip_update` and
 :func:`noise_uploads` apply the declaration, the same for every algorithm: a ``model``-kind tensor is clipped
 with the model (one bound C) and noised on the server's mean with it; per-class ``rows`` (class means,
 header rows) are written for all C classes, each row clipped to ``privacy.stats_clip``, and per-class

@@ -1,6 +1,6 @@
 """``aggregation.robust``: a Byzantine-robust mean of each quantity the server averages, in place of its mean.
 
-Each algorithm declares what its server averages (``uploads``, :class:`fedpcd.algorithms.base.Upload`): the
+Each algorithm declares what its server averages (``uploads``, :class:`fedpcd.algorithms.context.Upload`): the
 model and its ``model``-kind uploads (FedNH's scale, FedGELA's projection), averaged like the model, and
 per-class ``rows`` (class means, FedSSA's header rows), averaged per class over the clients that hold it.
 
