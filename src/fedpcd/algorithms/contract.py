@@ -138,7 +138,7 @@ class Algorithm:
     extra_uploads: ClassVar[tuple[str, ...]] = ()
     extra_server_state: ClassVar[tuple[str, ...]] = ()
     # How privacy.clip bounds each of extra_uploads and which of them aggregation.robust averages
-    # (base.Upload); an algorithm whose own aggregate this declaration does not accompany gets neither.
+    # (context.Upload); an algorithm whose own aggregate this declaration does not accompany gets neither.
     uploads: ClassVar[tuple[Upload, ...]] = ()
     # Why an upload cannot be bounded by a declaration (privacy.clip's refusal says so); "" where none is.
     unprivatised: ClassVar[str] = ""

@@ -11,7 +11,7 @@ classes. With the not-true softmax over c != y,
 (KL from the global model's not-true distribution to the local one), averaged over the batch as the official
 code's ``KLDivLoss(reduction="batchmean")``, without a tau^2 factor (neither the paper's loss nor the code
 has one). The teacher's logits come from the payload weights through a functional forward (eval mode, no
-gradient; ``base.frozen_forward``). The server is FedAvg's. beta = 0 is FedAvg.
+gradient; ``common.frozen_forward``). The server is FedAvg's. beta = 0 is FedAvg.
 """
 
 from __future__ import annotations
