@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from fedpcd.algorithms.base import tensor_bytes
+from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation, global_accuracy, sample_clients
 from fedpcd.engine.state_store import ClientStateStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedpcd.algorithms.base import clone_state, tensor_bytes, weighted_average
+from fedpcd.algorithms.statedict import clone_state, tensor_bytes, weighted_average
 
 
 def test_weighted_average_by_hand():

@@ -12,10 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import local_work, seeded, tiny_client
+from fedpcd import seeds
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
-from fedpcd.algorithms.base import weighted_average
 from fedpcd.algorithms.creff import (
-    RETRAIN_STREAM,
     aggregate_class_gradients,
     class_head_gradients,
     linear_init,
@@ -24,10 +23,10 @@ from fedpcd.algorithms.creff import (
     matching_loss,
     retrain_classifier,
 )
+from fedpcd.algorithms.statedict import weighted_average
 from fedpcd.engine import run_experiment
 from fedpcd.models import backbone_keys, build_model, head_keys
 from fedpcd.resolve import config_from_dict
-from fedpcd.utils import derive_seed
 
 FAST = {"feats_per_class": 5, "match_steps": 3, "retrain_epochs": 2}  # small server work for tests
 CTX = Context(
@@ -273,7 +272,7 @@ def test_aggregate_keeps_fedavg_model_matches_features_retrains_and_gm_uses_the_
     assert torch.equal(server["features"][1], start["features"][1])  # class 1: nobody holds it
     assert not torch.equal(server["features"][0], start["features"][0])
     # re-training on the matched features from a fresh seeded init (generator: init, then shuffles)
-    g = torch.Generator().manual_seed(derive_seed(0, RETRAIN_STREAM, 1))
+    g = seeds.generator(seeds.creff_retrain(0, 1))
     w0, b0 = linear_init(3, 8, bias, g)
     w, b = retrain_classifier(matched, w0, b0, epochs=2, lr=0.01, batch_size=4, generator=g)
     assert set(server["head"]) == set(head_keys(model)) and torch.equal(server["head"]["head.weight"], w)

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from conftest import requires_fmnist, run_records
+from fedpcd import seeds
 from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation, sample_clients
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
-from fedpcd.utils import derive_seed
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 
@@ -48,7 +48,7 @@ def test_one_client_fedavg_equals_centralised_sgd(tmp_path, lr_decay):
     opt = torch.optim.SGD(model.parameters(), lr=cfg.local.lr, momentum=0.0, weight_decay=0.001)
     for epoch in range(1, rounds + 1):
         opt.param_groups[0]["lr"] = cfg.local.lr * lr_decay ** (epoch - 1)
-        g = torch.Generator().manual_seed(derive_seed(cfg.seed, epoch, 0))
+        g = seeds.generator(seeds.client_update(cfg.seed, epoch, 0))
         order = client.train_idx[torch.randperm(client.num_samples, generator=g)]
         for start in range(0, len(order), cfg.local.batch_size):
             idx = order[start : start + cfg.local.batch_size]
@@ -199,7 +199,7 @@ def test_fedavg_fmnist_iid_reaches_acceptance_accuracy(tmp_path):
 
 
 def test_the_engine_reads_no_reply_field_by_a_string_literal():
-    """Reply fields are read through algorithms.base's names (MODEL, NUM_SAMPLES, TRAIN_LOSS) or the typed
+    """Reply fields are read through algorithms.context's names (MODEL, NUM_SAMPLES, TRAIN_LOSS) or the typed
     ClientReply, never as reply["model"] / .get("num_samples") in the engine or the Flower backend."""
     import ast
 

@@ -12,8 +12,9 @@ from torch import nn
 
 from conftest import local_work
 from fedpcd.algorithms import ALGORITHMS, Context, LocalWork, build_algorithm
-from fedpcd.algorithms.base import ClientData, weighted_average
+from fedpcd.algorithms.context import ClientData
 from fedpcd.algorithms.fedgela import FedGE, FedGELA, adaptation, simplex_etf
+from fedpcd.algorithms.statedict import weighted_average
 from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError

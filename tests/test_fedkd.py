@@ -12,7 +12,6 @@ import torch
 
 from conftest import CNN5_SYNTHETIC16, HETERO_MODELS, seeded, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
-from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fedkd import (
     adaptive_mutual_losses,
     compress_update,
@@ -22,6 +21,7 @@ from fedpcd.algorithms.fedkd import (
     svd_compress,
     svd_reconstruct,
 )
+from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from conftest import tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
-from fedpcd.algorithms.base import local_steps
+from fedpcd.algorithms.common import local_steps
 from fedpcd.algorithms.fednova import effective_steps
 from fedpcd.algorithms.scaffold import Scaffold, option_two_control
 from fedpcd.engine import run_experiment

@@ -17,13 +17,8 @@ from torch import nn
 
 from conftest import local_work
 from fedpcd.algorithms import Context, build_algorithm
-from fedpcd.algorithms.base import (
-    ClientData,
-    balanced_softmax_loss,
-    frozen_forward,
-    log_prior,
-    raw_class_means,
-)
+from fedpcd.algorithms.common import balanced_softmax_loss, frozen_forward, log_prior, raw_class_means
+from fedpcd.algorithms.context import ClientData
 from fedpcd.algorithms.fedetf import FedETF, etf_logits
 from fedpcd.algorithms.fedlc import FedLC, calibrated_loss, calibration_margins
 from fedpcd.algorithms.fedntd import FedNTD, not_true_logits, ntd_loss

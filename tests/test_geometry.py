@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from fedpcd.algorithms.fedavg import feature_map
 from fedpcd.algorithms.fedgela import simplex_etf
+from fedpcd.algorithms.readout import feature_map
 from fedpcd.cli import main
 from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation
@@ -95,7 +95,7 @@ def test_run_geometry_loads_the_checkpoint_once_and_passes_over_the_test_set_onc
 ):
     """One checkpoint load per run, and per model (the global one, then each client's personal one) one pass
     over the test set in batches of ``geometry.BATCH``: no pass per class or per sample."""
-    import fedpcd.algorithms.fedavg
+    import fedpcd.algorithms.readout
     from fedpcd.engine.rundir import RunDir
     from fedpcd.report import geometry
 
@@ -103,7 +103,7 @@ def test_run_geometry_loads_the_checkpoint_once_and_passes_over_the_test_set_onc
     run_experiment(load_config(None, [*SMALL, "rounds=1", f"output_dir={out}"]), progress=False)
     expected = run_geometry(out)
     loads, batches, means = [], [], []
-    load_checkpoint, make_feature_map = RunDir.load_checkpoint, fedpcd.algorithms.fedavg.feature_map
+    load_checkpoint, make_feature_map = RunDir.load_checkpoint, fedpcd.algorithms.readout.feature_map
 
     def counted_load(self, *args, **kwargs):
         loads.append(self)
@@ -118,7 +118,7 @@ def test_run_geometry_loads_the_checkpoint_once_and_passes_over_the_test_set_onc
         return class_means(features, labels, num_classes)
 
     monkeypatch.setattr(RunDir, "load_checkpoint", counted_load)
-    monkeypatch.setattr(fedpcd.algorithms.fedavg, "feature_map", counted_map)
+    monkeypatch.setattr(fedpcd.algorithms.readout, "feature_map", counted_map)
     monkeypatch.setattr(geometry, "BATCH", 64)
     monkeypatch.setattr(geometry, "class_means", counted_means)
     assert run_geometry(out) == pytest.approx(expected, abs=1e-4)  # other batches: rounding at most

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from conftest import SMALL_EVERY_METRIC, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import fedrep as fedrep_module
-from fedpcd.algorithms.base import balanced_softmax_loss, log_prior, tensor_bytes
-from fedpcd.algorithms.fedavg import train_loop
+from fedpcd.algorithms.common import balanced_softmax_loss, log_prior
+from fedpcd.algorithms.contract import train_loop
+from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.engine import run_experiment
 from fedpcd.models import backbone_keys, head_keys
 from fedpcd.resolve import load_config

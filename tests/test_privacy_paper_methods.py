@@ -13,7 +13,7 @@ import torch
 
 from conftest import TINY_SYNTHETIC
 from fedpcd.algorithms import ALGORITHMS, build_algorithm
-from fedpcd.algorithms.base import Upload
+from fedpcd.algorithms.context import Upload
 from fedpcd.engine.privacy import (
     add_noise,
     bound_uploads,

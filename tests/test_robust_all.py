@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY_SYNTHETIC, run_records
-from fedpcd.algorithms.base import coordinate_median, trimmed_mean
+from fedpcd.algorithms.statedict import coordinate_median, trimmed_mean
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.robust import krum_pick, krum_scores, robust_aggregate, robust_rows

@@ -106,7 +106,7 @@ def test_reply_problem_on_tiny_inputs():
 
 
 def test_coordinate_median_and_trimmed_mean_on_tiny_inputs():
-    from fedpcd.algorithms.base import coordinate_median, trimmed_mean
+    from fedpcd.algorithms.statedict import coordinate_median, trimmed_mean
 
     values = [(1.0, 0.0, 1), (2.0, 10.0, 2), (10.0, 3.0, 3), (100.0, -1.0, 7)]
     states = [{"w": torch.tensor([a, b]), "n": torch.tensor(n)} for a, b, n in values]

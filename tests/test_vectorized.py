@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fedpcd.engine.vectorized as vec
+from fedpcd.algorithms import Algorithm, FedAvg, LocalWork
 from fedpcd.algorithms.fedclassavg import supcon_loss
 from fedpcd.algorithms.fedmr import (
     inter_class_loss,
@@ -22,6 +23,7 @@ from fedpcd.algorithms.fedmr import (
 )
 from fedpcd.algorithms.fedproc import prototype_contrastive_loss
 from fedpcd.algorithms.fedsc import rpcl_loss
+from fedpcd.algorithms.vectorizable import Vectorizable
 from fedpcd.data.datasets import load_dataset
 from fedpcd.engine import run_experiment
 from fedpcd.engine.executor import LocalExecutor
@@ -214,6 +216,11 @@ def test_where_the_vectorized_executor_applies_and_auto_stays_sequential(monkeyp
     res_fed, res = _federation("model.name=resnet18")
     assert vec.blocker(res, res_fed, [0, 1]) is None  # any architecture runs when asked for
 
+    class Plain(Algorithm):  # the contract without the declared capability
+        pass
+
+    assert "not Vectorizable" in vec.blocker(Plain(), fed, [0, 1])
+
     def refuse(*args, **kwargs):
         raise AssertionError("auto must not call the vectorized executor")
 
@@ -221,6 +228,15 @@ def test_where_the_vectorized_executor_applies_and_auto_stays_sequential(monkeyp
     auto_fed, auto = _federation("engine.executor=auto")
     server = auto.init_server(auto_fed.model_for(0, fresh=True))
     assert len(LocalExecutor(auto_fed, states={}).train(auto, server, [0, 1], 1, evaluate=False)) == 2
+
+
+def test_vectorization_is_declared_outside_the_contract():
+    """The contract names nothing of the vectorized executor: its two methods are the mixin's, and the work a
+    loss gets has no executor field."""
+    assert not {"vectorize_blocker", "traceable_loss"} & set(dir(Algorithm))
+    assert {"vectorize_blocker", "traceable_loss"} <= set(vars(Vectorizable))
+    assert "traceable" not in LocalWork.FIELDS
+    assert issubclass(FedAvg, Vectorizable)
 
 
 def test_uncovered_algorithm_falls_back_to_sequential_with_a_warning():

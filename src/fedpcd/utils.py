@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -281,12 +280,6 @@ def quiet(logger: logging.Logger) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (run seed, round, client id, ...): stable across processes and backends."""
-    digest = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def text_table(rows: list[list[str]], header: list[str]) -> str:

@@ -1,5 +1,9 @@
 """Federated algorithms, one module each, registered by name in ``ALGORITHMS``.
 
+The contract every algorithm implements is ``contract.Algorithm`` (its defaults are FedAvg's); ``context``
+holds what the hooks see, ``statedict`` and ``common`` the helpers they share, ``vectorizable`` the
+capability the vectorized executor needs, ``readout`` the predictors made of a model plus tensors.
+
 Every module in this package is imported here, so a new algorithm file registers itself. An algorithm's
 hyperparameters are its dataclass fields, typed and bounded by their annotations (``fedpcd.params``).
 """
@@ -10,15 +14,17 @@ import importlib
 import pkgutil
 from typing import Any
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, Context, LocalTraining, Upload
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork
-from fedpcd.params import validate_params
+from fedpcd.algorithms.context import ClientData, Context, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, Algorithm, LocalWork
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.params import LocalTraining, validate_params
 
 __all__ = [
     "declared_uploads",
     "fedavg_aggregating",
     "mean_aggregating",
     "ALGORITHMS",
+    "Algorithm",
     "ClientData",
     "Context",
     "FedAvg",
@@ -38,16 +44,16 @@ def fedavg_aggregating() -> list[str]:
     return [
         n
         for n in ALGORITHMS.names()
-        if not n.startswith("_") and ALGORITHMS.get(n).aggregate is FedAvg.aggregate
+        if not n.startswith("_") and ALGORITHMS.get(n).aggregate is Algorithm.aggregate
     ]
 
 
 def declared_uploads(cls: type) -> tuple[Upload, ...] | None:
     """The ``uploads`` declaration that accompanies the ``aggregate`` algorithm class ``cls`` runs: None where
-    the class that defines that ``aggregate`` (other than FedAvg's) does not itself declare ``uploads``, so
-    what its server averages is unknown."""
+    the class that defines that ``aggregate`` (other than the contract's, FedAvg's) does not itself declare
+    ``uploads``, so what its server averages is unknown."""
     owner = next(k for k in cls.__mro__ if "aggregate" in vars(k))
-    if owner is FedAvg or "uploads" in vars(owner):
+    if owner is Algorithm or "uploads" in vars(owner):
         return cls.uploads
     return None
 
@@ -66,7 +72,7 @@ def mean_aggregating(model: bool = False) -> list[str]:
     ]
 
 
-def build_algorithm(name: str, params: dict[str, Any] | None = None) -> FedAvg:
+def build_algorithm(name: str, params: dict[str, Any] | None = None) -> Algorithm:
     """Instantiate a registered algorithm with checked, typed hyperparameters (its dataclass fields)."""
     cls = ALGORITHMS.get(name)
     return cls(**validate_params("algorithm", name, cls, params))

@@ -36,8 +36,11 @@ from pydantic import Field
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, StateDict, clone_state, device_of, round_lr
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor
+from fedpcd.algorithms.common import round_lr
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import StateDict, clone_state, device_of
 
 
 def mixture(alpha: Tensor, v: StateDict, w: StateDict, params: set[str]) -> StateDict:

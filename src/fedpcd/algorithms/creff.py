@@ -48,24 +48,14 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClassSums,
-    ClientData,
-    StateDict,
-    Upload,
-    clone_state,
-    device_of,
-    frozen_forward,
-    linear_init,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
+from fedpcd import seeds
+from fedpcd.algorithms.common import ClassSums, frozen_forward, linear_init
+from fedpcd.algorithms.context import ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import StateDict, clone_state, device_of
 from fedpcd.models import head_keys
-from fedpcd.utils import derive_seed
 
-FEATURE_STREAM = 0xC4EF  # derive_seed(run seed, .): the federated features' N(0, 1) initialisation
-RETRAIN_STREAM = 0xC4F0  # derive_seed(run seed, ., round): fresh classifier init and re-training shuffles
-REAL_BATCH_STREAM = 0xC4F1  # derive_seed(client generator's seed, .): the sampled real batches (real_batch)
 COS_EPS = 1e-6  # the denominator guard of [C]'s distance
 
 GradWeighting = Literal["clients", "samples"]  # a_k^c = 1 or n_k^c in the per-class gradient average
@@ -255,7 +245,7 @@ class CReFF(FedAvg):
         as the first "re-trained" classifier, and the count of re-trainings done. F is drawn on the CPU (the
         same on every device) and kept on the model's device."""
         server = super().init_server(model)
-        g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, FEATURE_STREAM))
+        g = seeds.generator(seeds.creff_features(self.ctx.seed))
         server["features"] = torch.randn(
             self.ctx.num_classes, self.feats_per_class, int(model.feature_dim), generator=g
         ).to(device_of(model))
@@ -287,7 +277,7 @@ class CReFF(FedAvg):
                 server["features"], weight, bias, real_w, real_b, classes, self.match_steps, self.feature_lr
             )
         rnd = int(server["retrained"]) + 1
-        g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, RETRAIN_STREAM, rnd))
+        g = seeds.generator(seeds.creff_retrain(self.ctx.seed, rnd))
         num_classes, _, dim = server["features"].shape
         if self.retrain_init == "fresh":
             w0, b0 = linear_init(num_classes, dim, bias is not None, g)
@@ -343,7 +333,7 @@ class CReFF(FedAvg):
         weight, bias = _unpack(head)
         counts = data.label_counts
         classes = torch.nonzero(counts > 0).flatten()
-        sampler = torch.Generator().manual_seed(derive_seed(rng.initial_seed(), REAL_BATCH_STREAM))
+        sampler = seeds.generator(seeds.creff_real_batches(rng.initial_seed()))
         gw, gb = [], []
         for c in classes:
             zc = z[y == c]

@@ -35,8 +35,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, clone_state, sq_distance
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply, train_loop
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor, Reply, train_loop
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import clone_state, sq_distance
 
 
 @ALGORITHMS.register("ditto")

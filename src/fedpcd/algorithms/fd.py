@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, device_of
-from fedpcd.algorithms.fedavg import LocalWork, Predictor
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor
 from fedpcd.algorithms.fedproto import ClassMeanExchange, prototype_mse
+from fedpcd.algorithms.statedict import device_of
 
 
 def logit_kl(logits: Tensor, y: Tensor, targets: Tensor, known: Tensor, temperature: float) -> Tensor:

@@ -40,8 +40,10 @@ from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, StateDict, clone_state
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply, train_loop
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply, train_loop
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import StateDict, clone_state
 from fedpcd.errors import UserError
 
 

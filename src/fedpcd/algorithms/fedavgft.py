@@ -24,8 +24,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 from torch import nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply, finetune
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply, finetune
+from fedpcd.algorithms.fedavg import FedAvg
 
 
 @ALGORITHMS.register("fedavg_ft")

@@ -25,9 +25,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 from torch import nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, backbone_parameters
-from fedpcd.algorithms.fedavg import LocalWork, Reply, finetune
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply, finetune
 from fedpcd.algorithms.fedper import FedPer
+from fedpcd.algorithms.statedict import backbone_parameters
 
 
 @ALGORITHMS.register("fedbabu")

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fedpcd.algorithms.base import ALGORITHMS
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor
+from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.errors import UserError
 
 # The registered models with BatchNorm layers (with their default parameters, except where noted).

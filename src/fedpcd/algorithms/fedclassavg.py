@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, device_of
-from fedpcd.algorithms.fedavg import LocalWork
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork
 from fedpcd.algorithms.lgfedavg import LGFedAvg
+from fedpcd.algorithms.statedict import device_of
 
 
 def supcon_loss(z: Tensor, y: Tensor, tau: float, normalize: bool = True, traceable: bool = False) -> Tensor:
@@ -92,12 +92,21 @@ class FedClassAvg(LGFedAvg):
     normalize: bool = True  # L2-normalise z before SupCon ([O]: false)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """CE + (rho/2) prox(head, received head) + lam SupCon(z, y) (its masked form under vmap)."""
+        """CE + (rho/2) prox(head, received head) + lam SupCon(z, y)."""
+        return self._loss(model, batch, work, traceable=False)
+
+    def traceable_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
+        """The loss with SupCon's masked form."""
+        return self._loss(model, batch, work, traceable=True)
+
+    def _loss(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
+    ) -> Tensor:
         x, y = batch
         z = model.features(x)
         total = F.cross_entropy(model.head(z), y)
         if self.rho > 0.0:
             total = total + self.rho / 2 * classifier_proximal(model, work.payload["model"], self.prox)
         if self.lam > 0.0:
-            total = total + self.lam * supcon_loss(z, y, self.tau, self.normalize, work.traceable)
+            total = total + self.lam * supcon_loss(z, y, self.tau, self.normalize, traceable)
         return total

@@ -29,9 +29,11 @@ from typing import Annotated, Any
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, Weighting, zeros_like_params
-from fedpcd.algorithms.fedavg import LocalWork, Reply, shifted
+from fedpcd.algorithms.common import Weighting
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply, shifted
 from fedpcd.algorithms.scaffold import Scaffold
+from fedpcd.algorithms.statedict import zeros_like_params
 
 
 @ALGORITHMS.register("feddc")

@@ -30,15 +30,11 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    Weighting,
-    reply_weights,
-    weighted_average,
-    zeros_like_params,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply, shifted
+from fedpcd.algorithms.common import Weighting, reply_weights
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor, Reply, shifted
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import weighted_average, zeros_like_params
 
 
 @ALGORITHMS.register("feddyn")

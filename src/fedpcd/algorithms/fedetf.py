@@ -35,28 +35,22 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    Upload,
+from fedpcd import seeds
+from fedpcd.algorithms.common import balanced_softmax_loss, linear_init, log_prior
+from fedpcd.algorithms.context import ClientData, Upload, made_public
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.fedgela import simplex_etf
+from fedpcd.algorithms.statedict import (
     backbone_parameters,
-    balanced_softmax_loss,
     clone_state,
     device_of,
-    linear_init,
     load_backbone,
-    log_prior,
-    made_public,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
-from fedpcd.algorithms.fedgela import simplex_etf
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
-from fedpcd.utils import derive_seed
 
-ETF_SEED_STREAM = 0xE7F0  # derive_seed(run seed, .): the ETF's generator
-PROJ_SEED_STREAM = 0xE7F1  # derive_seed(run seed, .): the projection's initial weights
 NORM_EPS = 1e-12  # the code's clamp(min=1e-12) on the feature norm
 
 
@@ -104,8 +98,8 @@ class FedETF(FedAvg):
                 f"FedETF needs an ETF dimension d >= classes C, got d={dim} < C={self.ctx.num_classes}: "
                 "set algorithm.proj_dim >= C"
             )
-        etf_gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, ETF_SEED_STREAM))
-        proj_gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, PROJ_SEED_STREAM))
+        etf_gen = seeds.generator(seeds.fedetf_etf(self.ctx.seed))
+        proj_gen = seeds.generator(seeds.fedetf_projection(self.ctx.seed))
         device = device_of(model)
         return {
             "model": clone_state(model, backbone_keys(model)),

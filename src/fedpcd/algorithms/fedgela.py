@@ -6,64 +6,50 @@ plain ETF and **L**ocally **A**dapted: client k scales column c by phi_{k,c} = C
 the backbone (plus the optional projection / BatchNorm tensors) is trained and averaged; the model's own
 ``head`` is never used, sent or loaded.
 
-Paper vs official code (each a field; the paper is the default except for ``scale``, chosen by measurement):
+Paper vs official code (each a field; the paper is the default except for ``scale``; the measurements behind
+the defaults are in docs/results/fedgela.md):
 
 - ``scale`` s: logits are ``s * phi_{k,c} * m_c^T h_hat``. Paper: s = sqrt(E_W), E_W tuned over 1e3..1e6
   (Fig. 4), i.e. s ~ 32..1000. Code: s = 1/temperature, argparse default tau = 0.2 (s = 5), README 1e-5.
   Default 2, from neither source: with L2-normalised features the local logits reach s * phi ~ s * C/|C_k|
-  (25 for s = 5 on a 2-class client) and saturate. On fmnist P10C2 (10 clients, 10% of the data,
-  simplecnn, one seed) FedGELA's GA after 5-epoch rounds was 45 at s = 2 vs 24 at s = 5 (FedAvg 44), and
-  after 3-epoch rounds 27 at s = 5, 18 at s = 10 (FedAvg 43); s = 30 did not train. PA was 95-97.5
-  (FedAvg 95-96) at every s <= 10.
+  (25 for s = 5 on a 2-class client) and saturate.
 - ``normalize``: ``l2`` = h / ||h||_2 (paper, E_H = 1); ``bn`` = BatchNorm1d with affine, no L2 (code's
   ``etf`` proxy); ``bn_l2`` = BatchNorm1d then L2 (code's ``l2norm`` proxy).
 - ``projection``: ``fc`` = one Linear(feature_dim, proj_dim) after the backbone (paper App. C.1, the
   default); ``mlp`` = Linear(feature_dim, feature_dim)-ReLU-Linear(feature_dim, proj_dim) (code); ``none`` =
   the model's features are h. ``proj_dim`` None = feature_dim. The ETF has d = proj_dim rows (paper: 84 for
   SVHN/CIFAR-10, 512 for CIFAR-100); d >= C is required. Without a projection, a ReLU backbone's h is
-  non-negative, and a non-negative unit vector cannot align with every ETF column: the first column of
-  ``simplex_etf`` is nearly all negative (the QR of a positive matrix), so its best cosine with such an h is
-  0.01-0.14 at d = 84, C = 10 (seeds 0-4) and class 0 can hardly win the argmax. On fmnist P10C2 (20 x 5
-  epochs, 3 seeds) ``fc`` at s = 2 gave GA 65.2 +- 7.7 against FedAvg's 62.3 +- 2.4, with a flat curve;
-  ``none`` earlier gave 60.7 against 60.4 (docs/results/fedgela.md).
+  non-negative and cannot align with every ETF column (the first column of ``simplex_etf`` is nearly all
+  negative, the QR of a positive matrix), so class 0 can hardly win the argmax.
 - ``softmax``: ``local`` = Eq. 5, normalised over the client's classes C_k only (paper); ``all`` = over all C
-  classes, missing classes entering with logit 0 (code). Measured on fmnist (FC projection, s = 2, 20 x 5
-  epochs, 3 seeds; docs/results/fedgela.md): ``all`` gave GA +12.8 +- 1.8 over FedAvg on P5C2 and +4.6 +- 10.3
-  on P10C2, ``local`` -0.6 +- 3.3 and +2.9 +- 9.1. On a two-class client Eq. 5 sees h only through
+  classes, missing classes entering with logit 0 (code). On a two-class client Eq. 5 sees h only through
   (m_a - m_b)^T h; with ``all`` the zero logits of missing classes also pull h towards m_y, which the global
-  argmax over every column needs. ``all`` is the setting that reproduces the paper's direction on the
-  pathological splits; on Dirichlet(0.1) neither beat FedAvg (-2.9 +- 2.0 ``all``, -3.3 +- 2.5 ``local``).
-  With either loss a missing class's logit is constant (phi = 0), so nothing pushes h away from the columns
-  of classes the client lacks (the paper's "space of missing classes used by existing ones", Fig. 3c). On
-  Dirichlet(0.1) that costs whole classes: a class held (almost) only by clients that lack its look-alikes
-  folds onto a look-alike's column in the global model (fmnist: T-shirts predicted as shirts, 6% left;
-  sneakers as sandals / boots), where FedGE (phi = 1, every column in the loss) keeps them.
+  argmax over every column needs. With either loss a missing class's logit is constant (phi = 0), so nothing
+  pushes h away from the columns of classes the client lacks (the paper's "space of missing classes used by
+  existing ones", Fig. 3c); FedGE (phi = 1, every column in the loss) does.
 - ``q``: phi = C * Q(n_{k,c}/n_k) / sum_c Q(n_{k,c}/n_k) with Q in {``x`` (paper default), ``exp``,
   ``sqrt``} (paper Table 6). For Q(x) = x this is exactly Eq. 4 with gamma = 1/C. The non-linear variants
   are normalised per client so that sum_c phi_{k,c} = C like the linear one (the mean column scale stays 1,
   so ``scale`` keeps its meaning) without any shared statistics (phi never leaves the client). Only Q(x) = x
   keeps the design rule sum_k p_k phi_k = 1 on a balanced federation. Q is applied to every class, so
   ``exp`` gives missing classes a non-zero phi (Q(0) = 1); with ``softmax=local`` they still never enter the
-  loss, and personal prediction never picks them. Measured on fmnist Dirichlet(0.1) (20 x 5 epochs, 3 seeds,
-  docs/results/fedgela.md): ``sqrt`` is level with FedAvg on GA (-0.3 +- 2.2; ``x``: -3.3 +- 2.5) and keeps
-  more of the classes ``x`` loses; the paper's Table 6 (SVHN) has ``x`` ahead instead.
+  loss, and personal prediction never picks them.
 - ``weighting``: aggregation weights n_k (``samples``, paper) or floor(n_k / B) (``batches``, code, which uses
   drop_last=True; here the last partial batch is still trained on). All-zero weights fall back to n_k.
 - Gradient clipping: the code clips the global gradient norm to 20 every step; the paper never mentions it.
   Set the engine's ``local.grad_clip: 20`` for code parity (it covers the projection tensors too).
 
-Protocol: the server builds M in ``init_server`` from ``derive_seed(seed, ETF_STREAM)`` and sends it with the
-backbone **every round** (simpler and stateless; for a C-class model it costs about what FedAvg's head
-costs, which FedGELA never sends). phi_k is recomputed from the client's train label counts at each local
-update (cheap) and kept in the client state together with the class-presence mask (and, with a projection
-or BatchNorm, the locally trained projection tensors) because ``personal_predictor`` needs them.
+Protocol: the server builds M in ``init_server`` from the stream ``fedpcd.seeds.fedgela_etf`` and sends it
+with the backbone every round (stateless; for a C-class model it costs about what FedAvg's head costs, which
+FedGELA never sends). phi_k is recomputed from the client's train label counts at each local update and kept
+in the client state together with the class-presence mask (and, with a projection or BatchNorm, the locally
+trained projection tensors) because ``personal_predictor`` needs them.
 
 Presets (``algorithm.preset``, ``FedGELA.presets``): ``paper`` = every option as printed (L2-normalised
 features, one FC projection, Eq. 5's local softmax, Q(x) = x, weights n_k) with a paper-range length s = 32
 (E_W = 1e3, the low end of Fig. 4's 1e3..1e6) and the paper's optimizer (SGD lr 0.01, momentum 0.9, weight
 decay 1e-4, E = 10, B = 100); ``official`` = the released code (s = 5 from tau 0.2, BatchNorm features, the
 2-layer MLP projection, softmax over all classes, weights floor(n_k / B), gradient-norm clip 20, B = 64).
-The library's default s = 2 is a departure from both, chosen by measurement (above).
 
 Inference (Sec. 3.3, Alg. 1): global = argmax_c m_c^T h_hat on the aggregated backbone; personal = argmax_c
 phi_{k,c} m_c^T h_hat on the locally trained backbone, with classes absent from the client's training data
@@ -83,25 +69,23 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    Upload,
+from fedpcd import seeds
+from fedpcd.algorithms.common import linear_init
+from fedpcd.algorithms.context import ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.presets import Preset
+from fedpcd.algorithms.readout import Readout
+from fedpcd.algorithms.statedict import (
     backbone_parameters,
     clone_state,
     device_of,
-    linear_init,
     load_backbone,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Readout, Reply
-from fedpcd.algorithms.presets import Preset
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
-from fedpcd.utils import derive_seed
 
-ETF_STREAM = 0xE7F  # derive_seed(run seed, ETF_STREAM): the ETF's generator
-PROJ_STREAM = 0xE80  # derive_seed(run seed, PROJ_STREAM): the projection's initial weights
 BN_MOMENTUM = 0.1  # torch's BatchNorm1d default (the code's)
 BN_EPS = 1e-5
 L2_EPS = 1e-12
@@ -316,10 +300,8 @@ class FedGELA(FedAvg):
         """The backbone (no head), the ETF M (d x C) and the projection / BN tensors, all seeded (drawn on the
         CPU, the same on every device) and kept on the model's device."""
         dim = self.etf_dim(model)
-        etf = simplex_etf(
-            dim, self.ctx.num_classes, torch.Generator().manual_seed(derive_seed(self.ctx.seed, ETF_STREAM))
-        )
-        proj_gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, PROJ_STREAM))
+        etf = simplex_etf(dim, self.ctx.num_classes, seeds.generator(seeds.fedgela_etf(self.ctx.seed)))
+        proj_gen = seeds.generator(seeds.fedgela_projection(self.ctx.seed))
         proj = self.init_projection(int(model.feature_dim), dim, proj_gen)
         device = device_of(model)
         return {

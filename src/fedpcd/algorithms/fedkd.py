@@ -54,17 +54,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    StateDict,
-    clone_state,
-    device_of,
-    reply_weights,
-    weighted_average,
-)
-from fedpcd.algorithms.fedavg import LocalWork, Reply, train_loop
+from fedpcd.algorithms.common import reply_weights
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply, train_loop
 from fedpcd.algorithms.fml import KLReduction, SharedModelMethod, kl_divergence
+from fedpcd.algorithms.statedict import StateDict, clone_state, device_of, weighted_average
 from fedpcd.errors import UserError
 
 Factors = dict[str, Tensor]  # {"u": [m, k], "s": [k], "v": [k, n]}

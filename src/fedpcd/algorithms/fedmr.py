@@ -48,24 +48,13 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    CLASS_MEAN_UPLOADS,
-    ClassSums,
-    ClientData,
-    Upload,
-    aggregate_prototypes,
-    class_means_reply,
-    device_of,
-    weighted_average,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
+from fedpcd import seeds
+from fedpcd.algorithms.common import ClassSums, aggregate_prototypes, class_means_reply
+from fedpcd.algorithms.context import CLASS_MEAN_UPLOADS, ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.algorithms.presets import Preset
-from fedpcd.utils import derive_seed
-
-SUBMITTER_STREAM = 0x464D52  # seed stream of the fixed prototype submitters ("FMR"); rounds use 1..R
-LITE_STREAM = 0x4C495445  # seed stream of the Lite sample choice, derived from the client's generator
-
+from fedpcd.algorithms.statedict import device_of, weighted_average
 
 # ----- the two losses (Sec. 3.3.1, 3.3.2) -------------------------------------------------------------------
 
@@ -325,7 +314,7 @@ class FedMR(FedAvg):
         server["prototypes"] = torch.zeros(c, int(model.feature_dim), device=device)
         server["known"] = torch.zeros(c, dtype=torch.bool, device=device)
         m = min(k, max(1, round(self.submit_fraction * k)))
-        g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, SUBMITTER_STREAM))
+        g = seeds.generator(seeds.fedmr_submitters(self.ctx.seed))
         submitters = torch.zeros(k, dtype=torch.bool, device=device)
         submitters[torch.randperm(k, generator=g)[:m].to(device)] = True
         server["submitters"] = submitters
@@ -366,7 +355,7 @@ class FedMR(FedAvg):
         without ``submit`` (only ``end_local`` reads it)."""
         work.local = data.label_counts > 0
         if self.uses_prototypes and self.lite_samples is not None:
-            work.lite_rng = torch.Generator().manual_seed(derive_seed(work.rng.initial_seed(), LITE_STREAM))
+            work.lite_rng = seeds.generator(seeds.fedmr_lite(work.rng.initial_seed()))
         super().begin_local(model, data, work)
         work.payload = {k: v for k, v in work.payload.items() if k != "submit"}
 
@@ -387,8 +376,16 @@ class FedMR(FedAvg):
         return reason
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """Eq. (5): CE + mu1 l_intra + mu2 l_inter (l_inter = 0 while no prototype exists); under vmap
-        (``work.traceable``) with the masked forms of l_intra and l_inter."""
+        """Eq. (5): CE + mu1 l_intra + mu2 l_inter (l_inter = 0 while no prototype exists)."""
+        return self._loss(model, batch, work, traceable=False)
+
+    def traceable_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
+        """Eq. (5) with the masked forms of l_intra and l_inter."""
+        return self._loss(model, batch, work, traceable=True)
+
+    def _loss(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
+    ) -> Tensor:
         payload = work.payload
         inter_on = self.uses_prototypes and "prototypes" in payload
         if self.mu1 == 0.0 and not inter_on:
@@ -397,14 +394,14 @@ class FedMR(FedAvg):
         z = model.features(x)
         total = F.cross_entropy(model.head(z), y)
         if self.mu1 > 0.0:
-            if work.traceable:
+            if traceable:
                 intra = intra_class_loss_masked(z, y, self.ctx.num_classes, self.intra_impl, self.intra_eps)
             else:
                 intra = intra_class_loss(z, y, self.intra_impl, self.intra_eps)
             total = total + self.mu1 * intra
         if inter_on:
             neg = negative_mask(payload["known"], work.local, self.inter_negatives)
-            if work.traceable:
+            if traceable:
                 return total + self.mu2 * inter_class_loss_masked(z, y, payload["prototypes"], neg)
             zi, yi = z, y
             if self.lite_samples is not None and self.lite_samples < len(y):

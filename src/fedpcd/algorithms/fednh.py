@@ -32,25 +32,23 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClassSums,
-    ClientData,
-    Upload,
+from fedpcd import seeds
+from fedpcd.algorithms.common import ClassSums
+from fedpcd.algorithms.context import ClientData, Upload, made_public
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.presets import Preset
+from fedpcd.algorithms.readout import Readout
+from fedpcd.algorithms.statedict import (
     backbone_parameters,
     clone_state,
     device_of,
     load_backbone,
-    made_public,
     weighted_average,
 )
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Readout, Reply
-from fedpcd.algorithms.presets import Preset
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
-from fedpcd.utils import derive_seed
 
-PROTOTYPE_STREAM = 0x464E48  # seed stream of the prototype initialisation ("FNH"); rounds use 1..R
 EPS = 1e-12  # the norm guard of [C] (F.normalize's default)
 
 
@@ -283,7 +281,7 @@ class FedNH(FedAvg):
         """Body from the seeded model, P^0 (Eq. 1) from the run seed, s^0 = ``scale_init``; on the model's
         device."""
         prototypes = init_prototypes(
-            self.init, self.ctx.num_classes, model.feature_dim, derive_seed(self.ctx.seed, PROTOTYPE_STREAM)
+            self.init, self.ctx.num_classes, model.feature_dim, seeds.fednh_prototypes(self.ctx.seed)
         )
         device = device_of(model)
         return {

@@ -22,15 +22,10 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    average_dicts,
-    clone_state,
-    param_names,
-    weighted_average,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import average_dicts, clone_state, param_names, weighted_average
 
 
 def effective_steps(tau: int, rho: float) -> float:

@@ -11,7 +11,7 @@ classes. With the not-true softmax over c != y,
 (KL from the global model's not-true distribution to the local one), averaged over the batch as the official
 code's ``KLDivLoss(reduction="batchmean")``, without a tau^2 factor (neither the paper's loss nor the code
 has one). The teacher's logits come from the payload weights through a functional forward (eval mode, no
-gradient; ``base.frozen_forward``). The server is FedAvg's. beta = 0 is FedAvg.
+gradient; ``common.frozen_forward``). The server is FedAvg's. beta = 0 is FedAvg.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, frozen_forward
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork
+from fedpcd.algorithms.common import frozen_forward
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork
+from fedpcd.algorithms.fedavg import FedAvg
 
 
 def not_true_logits(logits: Tensor, y: Tensor) -> Tensor:

@@ -46,19 +46,12 @@ from pydantic import Field
 from scipy.optimize import nnls
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClassSums,
-    ClientData,
-    aggregate_prototypes,
-    average_dicts,
-    class_means_reply,
-    clone_state,
-    device_of,
-)
-from fedpcd.algorithms.fedavg import LocalWork, Payload, Reply, train_loop
+from fedpcd.algorithms.common import ClassSums, aggregate_prototypes, class_means_reply
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply, train_loop
 from fedpcd.algorithms.fedproto import prototype_mse
 from fedpcd.algorithms.fedrep import FedRep
+from fedpcd.algorithms.statedict import average_dicts, clone_state, device_of
 from fedpcd.models import head_keys
 
 MIN_WEIGHT = 1e-3  # combination weights below it are dropped (the official code's eps)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from fedpcd.algorithms.base import ALGORITHMS
+from fedpcd.algorithms.contract import ALGORITHMS
 from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.models import head_keys
 

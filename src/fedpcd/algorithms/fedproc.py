@@ -30,16 +30,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    CLASS_MEAN_UPLOADS,
-    ClientData,
-    Upload,
-    aggregate_prototypes,
-    class_means_reply,
-    device_of,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
+from fedpcd.algorithms.common import aggregate_prototypes, class_means_reply
+from fedpcd.algorithms.context import CLASS_MEAN_UPLOADS, ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import device_of
 
 
 def prototype_contrastive_loss(
@@ -108,8 +103,16 @@ class FedProc(FedAvg):
         return reply, state
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """CE + weight * l_pc (l_pc = 0 while no prototype exists; ``work.traceable``: its masked form)."""
-        traceable = work.traceable
+        """CE + weight * l_pc (l_pc = 0 while no prototype exists)."""
+        return self._loss(model, batch, work, traceable=False)
+
+    def traceable_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
+        """CE + weight * l_pc in its masked form."""
+        return self._loss(model, batch, work, traceable=True)
+
+    def _loss(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
+    ) -> Tensor:
         x, y = batch
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)

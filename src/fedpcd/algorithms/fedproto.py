@@ -45,21 +45,13 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    CLASS_MEAN_UPLOADS,
-    ClientData,
-    Upload,
-    aggregate_prototypes,
-    class_means_reply,
-    clone_state,
-    device_of,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
+from fedpcd import seeds
+from fedpcd.algorithms.common import aggregate_prototypes, class_means_reply
+from fedpcd.algorithms.context import CLASS_MEAN_UPLOADS, ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import clone_state, device_of
 from fedpcd.errors import UserError
-from fedpcd.utils import derive_seed
-
-PROTOTYPE_STREAM = 0x465054  # seed stream of the initial U[0,1) prototypes ("FPT"); rounds use 1..R
 
 
 def prototype_mse(z: Tensor, y: Tensor, prototypes: Tensor, known: Tensor) -> Tensor:
@@ -164,7 +156,7 @@ class FedProto(ClassMeanExchange):
         the CPU, the same on every device), on the model's device."""
         c, d, device = self.ctx.num_classes, int(model.feature_dim), device_of(model)
         if self.init == "uniform":
-            g = torch.Generator().manual_seed(derive_seed(self.ctx.seed, PROTOTYPE_STREAM))
+            g = seeds.generator(seeds.fedproto_prototypes(self.ctx.seed))
             prototypes = torch.rand(c, d, generator=g).to(device)
             return {"prototypes": prototypes, "known": torch.ones(c, dtype=torch.bool, device=device)}
         return {

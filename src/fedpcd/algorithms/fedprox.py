@@ -15,8 +15,9 @@ from typing import Annotated
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, sq_distance
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import sq_distance
 
 # ----- the algorithm ---------------------------------------------------------------------------------------
 

@@ -21,9 +21,10 @@ from typing import Annotated
 from pydantic import Field
 from torch import nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, backbone_parameters
-from fedpcd.algorithms.fedavg import LocalWork, train_loop
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, train_loop
 from fedpcd.algorithms.fedper import FedPer
+from fedpcd.algorithms.statedict import backbone_parameters
 
 
 @ALGORITHMS.register("fedrep")

@@ -24,8 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, balanced_softmax_loss, clone_state, log_prior
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Readout, Reply
+from fedpcd.algorithms.common import balanced_softmax_loss, log_prior
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.readout import Readout
+from fedpcd.algorithms.statedict import clone_state
 
 
 @ALGORITHMS.register("fedrod")

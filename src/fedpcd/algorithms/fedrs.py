@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork
+from fedpcd.algorithms.fedavg import FedAvg
 
 
 def restricted_logits(h: Tensor, weight: Tensor, bias: Tensor | None, scales: Tensor) -> Tensor:

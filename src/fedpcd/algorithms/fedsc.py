@@ -50,17 +50,12 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    CLASS_MEAN_UPLOADS,
-    ClassSums,
-    ClientData,
-    Upload,
-    class_means_reply,
-    device_of,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply
+from fedpcd.algorithms.common import ClassSums, class_means_reply
+from fedpcd.algorithms.context import CLASS_MEAN_UPLOADS, ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
+from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.algorithms.presets import Preset
+from fedpcd.algorithms.statedict import device_of
 
 U_MIN = 1e-6  # clamp of the U normaliser (Eq. 13; a library choice)
 
@@ -383,8 +378,16 @@ class FedSC(FedAvg):
         return reply, state
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """mean_i [CE_i + 1{y_i has prototypes} (rpcl_weight RPCL_i + cpdr_weight CPDR_i)] (Eqs. 14-16);
-        ``work.traceable``: the samples of classes without prototypes masked instead of indexed out."""
+        """mean_i [CE_i + 1{y_i has prototypes} (rpcl_weight RPCL_i + cpdr_weight CPDR_i)] (Eqs. 14-16)."""
+        return self._loss(model, batch, work, traceable=False)
+
+    def traceable_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
+        """The loss with the samples of classes without prototypes masked instead of indexed out."""
+        return self._loss(model, batch, work, traceable=True)
+
+    def _loss(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
+    ) -> Tensor:
         x, y = batch
         z = model.features(x)
         loss = F.cross_entropy(model.head(z), y)
@@ -397,7 +400,7 @@ class FedSC(FedAvg):
         if self.compat_official:
             return loss + self._official_terms(z, y, bank, bank_labels)
         valid = payload["known"][y]
-        if work.traceable:  # every sample, the others weighted 0 (exactly 0 for RPCL, see rpcl_loss)
+        if traceable:  # every sample, the others weighted 0 (exactly 0 for RPCL, see rpcl_loss)
             zv, yv, rows, weight = z, y, valid, valid.to(z.dtype)
         elif not bool(valid.any()):
             return loss

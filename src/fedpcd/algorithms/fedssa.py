@@ -54,9 +54,12 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClassSums, ClientData, Upload, clone_state
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.common import ClassSums
+from fedpcd.algorithms.context import ClientData, Upload
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.algorithms.presets import Preset
+from fedpcd.algorithms.statedict import clone_state
 from fedpcd.errors import UserError
 
 

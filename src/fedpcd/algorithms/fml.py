@@ -20,10 +20,10 @@ Communication per client and round: the shared model, down and up (CNN-5 of FedS
 params on CIFAR-10). Personal metrics: the private model after local training; GA: the global meme model on
 the full test set (the paper reports both the global and the local models).
 
-Library choices: the shared model's initial weights are seeded with ``derive_seed(run seed,
-SHARED_MODEL_STREAM)``, so every process builds the same one; the private model starts from its architecture's
-seeded initial weights (the engine's reset at first participation); the paper's dynamic alpha/beta and the
-"catfish" variants are not implemented.
+Library choices: the shared model's initial weights are seeded with the stream
+``fedpcd.seeds.fml_shared_model``, so every process builds the same one; the private model starts from its
+architecture's seeded initial weights (the engine's reset at first participation); the paper's dynamic
+alpha/beta and the "catfish" variants are not implemented.
 """
 
 from __future__ import annotations
@@ -38,22 +38,14 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    Context,
-    Weighting,
-    clone_state,
-    device_of,
-    reply_weights,
-    weighted_average,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply, train_loop
+from fedpcd import seeds
+from fedpcd.algorithms.common import Weighting, reply_weights
+from fedpcd.algorithms.context import ClientData, Context
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor, Reply, train_loop
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import clone_state, device_of, weighted_average
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
-from fedpcd.utils import derive_seed
-
-SHARED_MODEL_STREAM = 0x464D4C  # derive_seed(run seed, .): the shared model's initial weights ("FML")
 
 KLReduction = Literal["batchmean", "mean"]
 
@@ -109,7 +101,7 @@ class SharedModelMethod(FedAvg):
             )
         channels, height, _ = ctx.input_shape
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(ctx.seed, SHARED_MODEL_STREAM))
+            torch.manual_seed(seeds.fml_shared_model(ctx.seed))
             self.shared = build_model(self.shared_model, channels, ctx.num_classes, height)
         self.shared_init = clone_state(self.shared)
 

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from fedpcd.algorithms.base import ALGORITHMS
-from fedpcd.algorithms.fedavg import FedAvg, Predictor
+from fedpcd.algorithms.contract import ALGORITHMS, Predictor
+from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.models import backbone_keys
 
 

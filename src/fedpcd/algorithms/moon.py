@@ -34,8 +34,10 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, frozen_forward
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply
+from fedpcd.algorithms.common import frozen_forward
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply
+from fedpcd.algorithms.fedavg import FedAvg
 
 
 def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> Tensor:

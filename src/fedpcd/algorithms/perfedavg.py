@@ -37,8 +37,10 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import ALGORITHMS, ClientData, local_steps, round_lr
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Reply
+from fedpcd.algorithms.common import local_steps, round_lr
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply
+from fedpcd.algorithms.fedavg import FedAvg
 
 
 def endless_batches(

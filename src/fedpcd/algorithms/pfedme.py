@@ -37,17 +37,11 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    Weighting,
-    clone_state,
-    reply_weights,
-    round_lr,
-    sq_distance,
-    weighted_average,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Predictor, Reply
+from fedpcd.algorithms.common import Weighting, reply_weights, round_lr
+from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor, Reply
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import clone_state, sq_distance, weighted_average
 
 
 @ALGORITHMS.register("pfedme")

@@ -34,19 +34,11 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedpcd.algorithms.base import (
-    ALGORITHMS,
-    ClientData,
-    Context,
-    StateDict,
-    Weighting,
-    clone_state,
-    reply_weights,
-    round_lr,
-    weighted_average,
-    zeros_like_params,
-)
-from fedpcd.algorithms.fedavg import FedAvg, LocalWork, Payload, Reply, shifted
+from fedpcd.algorithms.common import Weighting, reply_weights, round_lr
+from fedpcd.algorithms.context import ClientData, Context
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply, shifted
+from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.statedict import StateDict, clone_state, weighted_average, zeros_like_params
 
 
 def option_two_control(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedpcd.algorithms import FedAvg
+from fedpcd.algorithms import Algorithm
 from fedpcd.config import Config
 from fedpcd.engine.checkpoint import check_checkpoint
 from fedpcd.engine.federation import Federation, build_federation, set_threads
@@ -34,7 +34,7 @@ def run_experiment(
     return run_local(config, progress=progress, on_record=on_record)
 
 
-def open_run(run_dir: str | Path) -> tuple[Federation, FedAvg, dict[str, Any]]:
+def open_run(run_dir: str | Path) -> tuple[Federation, Algorithm, dict[str, Any]]:
     """A finished run for analysis: its federation (data and partition rebuilt from its config.yaml), its
     algorithm and its last checkpoint (``server``, ``client_states``, ``round``), which must be one of that
     config (``checkpoint.check_checkpoint``)."""

@@ -20,21 +20,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedpcd.algorithms import ClientData, FedAvg, LocalWork
-from fedpcd.algorithms.base import tensor_bytes
+from fedpcd.algorithms import Algorithm, ClientData, LocalWork
+from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.engine.federation import Federation, to_device
 from fedpcd.engine.guard import NonFiniteError, first_nonfinite, model_nonfinite
 from fedpcd.engine.metrics import personal_evaluation
 from fedpcd.engine.privacy import clip_update, stat_bounds
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.errors import UserError
-from fedpcd.utils import derive_seed
+from fedpcd.seeds import derive_seed
 
 __all__ = ["ClientReply", "ClientTask", "local_step", "make_tasks", "run_client", "run_clients"]
 
 
 def local_step(
-    algorithm: FedAvg,
+    algorithm: Algorithm,
     model: nn.Module,
     data: ClientData,
     payload: dict[str, Any],
@@ -57,7 +57,7 @@ def local_step(
     return reply, work
 
 
-def run_client(algorithm: FedAvg, fed: Federation, task: ClientTask) -> ClientReply:
+def run_client(algorithm: Algorithm, fed: Federation, task: ClientTask) -> ClientReply:
     """``task`` on ``fed``'s reusable model object of the client's architecture (reset to its seeded initial
     weights when the client has no state): local update, personal evaluation, then :func:`finish`.
 
@@ -111,7 +111,7 @@ def finish(fed: Federation, task: ClientTask, reply: ClientReply, before: Any) -
     return reply
 
 
-def run_clients(algorithm: FedAvg, fed: Federation, tasks: Iterable[ClientTask]) -> list[ClientReply]:
+def run_clients(algorithm: Algorithm, fed: Federation, tasks: Iterable[ClientTask]) -> list[ClientReply]:
     """The replies to ``tasks`` (in their order). ``engine.executor: vectorized`` trains them at once where
     the algorithm and round allow (``fedpcd.engine.vectorized``), else (and for ``auto`` and
     ``sequential``) one after another with :func:`run_client`. ``auto`` stays sequential: the vectorized
@@ -129,7 +129,7 @@ def run_clients(algorithm: FedAvg, fed: Federation, tasks: Iterable[ClientTask])
 
 
 def make_tasks(
-    algorithm: FedAvg,
+    algorithm: Algorithm,
     server: dict[str, Any],
     ids: Sequence[int],
     rnd: int,

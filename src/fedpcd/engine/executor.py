@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Protocol
 
-from fedpcd.algorithms import FedAvg
+from fedpcd.algorithms import Algorithm
 from fedpcd.engine.client_update import make_tasks, run_clients
 from fedpcd.engine.federation import Federation
 from fedpcd.engine.pool import START_COST_S, WorkerPool
@@ -34,7 +34,7 @@ class Executor(Protocol):
 
     def train(
         self,
-        algorithm: FedAvg,
+        algorithm: Algorithm,
         server: dict[str, Any],
         ids: Sequence[int],
         rnd: int,
@@ -91,7 +91,7 @@ class LocalExecutor:
 
     def train(
         self,
-        algorithm: FedAvg,
+        algorithm: Algorithm,
         server: dict[str, Any],
         ids: Sequence[int],
         rnd: int,

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedpcd.algorithms import ClientData, Context, FedAvg, build_algorithm
-from fedpcd.algorithms.base import param_names
+from fedpcd import seeds
+from fedpcd.algorithms import Algorithm, ClientData, Context, build_algorithm
+from fedpcd.algorithms.statedict import param_names
 from fedpcd.config import Config
 from fedpcd.data.datasets import load_configured
 from fedpcd.data.partition import Partition, make_partition
@@ -25,9 +26,6 @@ from fedpcd.data.tensors import Dataset
 from fedpcd.engine.metrics import accuracy, per_class_accuracy, predict
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
-from fedpcd.utils import derive_seed
-
-INIT_STREAM = -1  # seed stream of the initial model (rounds use 1..R)
 
 
 @dataclass
@@ -61,15 +59,16 @@ class Federation:
 
     def new_model(self, architecture: str | None = None) -> nn.Module:
         """A model of ``architecture`` (default: client 0's, the server's reference), initialised from the
-        run's seed (identical wherever it is built)."""
-        torch.manual_seed(derive_seed(self.config.seed, INIT_STREAM))
-        model = build_model(
-            architecture or self.config.model.architecture(0),
-            self.dataset.in_channels,
-            self.dataset.num_classes,
-            self.dataset.image_size,
-            **self.config.model.params(),
-        )
+        run's seed (identical wherever it is built); torch's global generator is left as it was."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seeds.initial_model(self.config.seed))
+            model = build_model(
+                architecture or self.config.model.architecture(0),
+                self.dataset.in_channels,
+                self.dataset.num_classes,
+                self.dataset.image_size,
+                **self.config.model.params(),
+            )
         return model.to(self.device)  # initialised on the CPU: the same weights on every device
 
     def model_for(self, client: int, fresh: bool = False) -> nn.Module:
@@ -84,7 +83,7 @@ class Federation:
             model.load_state_dict(initial)
         return model
 
-    def new_algorithm(self) -> FedAvg:
+    def new_algorithm(self) -> Algorithm:
         algorithm = build_algorithm(self.config.algorithm.name, self.config.algorithm.params())
         algorithm.setup(self.context)
         return algorithm
@@ -205,19 +204,19 @@ def sample_clients(num_clients: int, participation: float, seed: int, rnd: int) 
     m = max(1, round(participation * num_clients))
     if m >= num_clients:
         return list(range(num_clients))
-    rng = np.random.default_rng(derive_seed(seed, rnd, 0x5A))
+    rng = np.random.default_rng(seeds.participants(seed, rnd))
     return sorted(int(k) for k in rng.choice(num_clients, size=m, replace=False))
 
 
 def global_accuracy(
-    algorithm: FedAvg, model: nn.Module, fed: Federation, server: dict[str, Any]
+    algorithm: Algorithm, model: nn.Module, fed: Federation, server: dict[str, Any]
 ) -> float | None:
     """GA: the global predictor on the full test set (None for purely personalised methods)."""
     return global_evaluation(algorithm, model, fed, server)[0]
 
 
 def global_evaluation(
-    algorithm: FedAvg, model: nn.Module, fed: Federation, server: dict[str, Any]
+    algorithm: Algorithm, model: nn.Module, fed: Federation, server: dict[str, Any]
 ) -> tuple[float | None, list[float | None] | None]:
     """(GA, the global model's accuracy on each class of the test set), (None, None) without a global model;
     a class without test samples is None."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fedpcd.algorithms.base import MODEL, NUM_SAMPLES
+from fedpcd.algorithms.context import MODEL, NUM_SAMPLES
 from fedpcd.config import Config
 from fedpcd.errors import DivergenceError
 from fedpcd.logs import LOGGER

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from fedpcd.algorithms.base import ClientData
+from fedpcd.algorithms.context import ClientData
 from fedpcd.models import FedModel
 from fedpcd.run_format import PA_G, PA_L, PA_SPLIT, PA_V
 

@@ -40,7 +40,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from fedpcd.algorithms import FedAvg
+from fedpcd.algorithms import Algorithm
 from fedpcd.engine.client_update import run_clients
 from fedpcd.engine.federation import Federation, set_threads
 from fedpcd.engine.guard import warn
@@ -120,7 +120,7 @@ class WorkerPool:
             )
         return self._pool
 
-    def run(self, algorithm: FedAvg, tasks: Sequence[ClientTask]) -> list[ClientReply]:
+    def run(self, algorithm: Algorithm, tasks: Sequence[ClientTask]) -> list[ClientReply]:
         """The replies to ``tasks``, in their order."""
         if not tasks or self.unavailable is not None:
             return run_clients(algorithm, self.fed, tasks)
@@ -154,7 +154,7 @@ class WorkerPool:
 
     def _schedule(
         self,
-        algorithm: FedAvg,
+        algorithm: Algorithm,
         alg: bytes,
         tasks: Sequence[ClientTask],
         groups: list[list[int]],

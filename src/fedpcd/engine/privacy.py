@@ -18,7 +18,7 @@ ICLR 2018, Algorithm 1; the scheme of Flower's ``DifferentialPrivacyClientSideFi
    ``dp-accounting`` (its RDP accountant; the ``privacy`` extra installs it).
 
 Uploads beyond the model: an algorithm declares how each of its ``extra_uploads`` is bounded (its ``uploads``,
-:class:`fedpcd.algorithms.base.Upload`; the kinds in ``UPLOAD_KINDS``) and :func:`clip_update` and
+:class:`fedpcd.algorithms.context.Upload`; the kinds in ``UPLOAD_KINDS``) and :func:`clip_update` and
 :func:`noise_uploads` apply the declaration, the same for every algorithm: a ``model``-kind tensor is clipped
 with the model (one bound C) and noised on the server's mean with it; per-class ``rows`` (class means,
 header rows) are written for all C classes, each row clipped to ``privacy.stats_clip``, and per-class
@@ -44,11 +44,11 @@ import numpy as np
 import torch
 
 from fedpcd.algorithms import ALGORITHMS, build_algorithm
-from fedpcd.algorithms.base import CLASSES, MODEL, NUM_SAMPLES, TRAIN_LOSS, Upload
+from fedpcd.algorithms.context import CLASSES, MODEL, NUM_SAMPLES, TRAIN_LOSS, Upload
 from fedpcd.config import Config
 from fedpcd.engine.federation import sample_clients
 from fedpcd.errors import UserError
-from fedpcd.utils import derive_seed
+from fedpcd.seeds import derive_seed
 
 NOISE_STREAM = 0xD9  # derive_seed(seed, round, NOISE_STREAM): the noise generator of a round
 UPLOAD_STREAM = 0xDA  # derive_seed(seed, round, client, UPLOAD_STREAM): a client's class-statistic noise
@@ -371,7 +371,7 @@ def coverage_table() -> str:
     """docs/privacy.md's table, from the declarations: per registered algorithm, each upload beyond
     ``num_samples`` and ``train_loss`` (always 1 and a diagnostic) and how it is bounded and noised, or
     why the algorithm is refused."""
-    from fedpcd.algorithms.base import UPLOAD_KINDS
+    from fedpcd.algorithms.context import UPLOAD_KINDS
 
     lines = ["| algorithm | upload | what it is | bound and noise under privacy.clip |", "|---|---|---|---|"]
     for name in ALGORITHMS.names():

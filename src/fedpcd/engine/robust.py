@@ -1,6 +1,6 @@
 """``aggregation.robust``: a Byzantine-robust mean of each quantity the server averages, in place of its mean.
 
-Each algorithm declares what its server averages (``uploads``, :class:`fedpcd.algorithms.base.Upload`): the
+Each algorithm declares what its server averages (``uploads``, :class:`fedpcd.algorithms.context.Upload`): the
 model and its ``model``-kind uploads (FedNH's scale, FedGELA's projection), averaged like the model, and
 per-class ``rows`` (class means, FedSSA's header rows), averaged per class over the clients that hold it.
 
@@ -32,16 +32,9 @@ from typing import Any
 
 import torch
 
-from fedpcd.algorithms import ALGORITHMS, FedAvg, declared_uploads, mean_aggregating
-from fedpcd.algorithms.base import (
-    CLASSES,
-    MODEL,
-    StateDict,
-    coordinate_median,
-    row_classes,
-    trimmed_mean,
-    weighted_average,
-)
+from fedpcd.algorithms import ALGORITHMS, Algorithm, declared_uploads, mean_aggregating
+from fedpcd.algorithms.context import CLASSES, MODEL, row_classes
+from fedpcd.algorithms.statedict import StateDict, coordinate_median, trimmed_mean, weighted_average
 from fedpcd.config import Config
 from fedpcd.engine.federation import sample_clients
 from fedpcd.errors import UserError
@@ -147,14 +140,14 @@ def robust_rows(
 
 
 def robust_aggregate(
-    config: Config, server: dict[str, Any], replies: list[dict[str, Any]], algorithm: FedAvg | None = None
+    config: Config, server: dict[str, Any], replies: list[dict[str, Any]], algorithm: Algorithm | None = None
 ) -> dict[str, Any]:
     """The server state after the round's robust aggregation (module docstring) of ``algorithm`` (None: one
     that averages only the model, as FedAvg does)."""
     agg = config.aggregation
     uploads = algorithm.upload_bounds() if algorithm is not None else ()
     joined = [k for k in (MODEL, *(u.key for u in uploads if u.kind == "model")) if k in replies[0]]
-    own = algorithm is not None and type(algorithm).aggregate is not FedAvg.aggregate
+    own = algorithm is not None and type(algorithm).aggregate is not Algorithm.aggregate
     if agg.robust in KRUM:
         select = 1 if agg.robust == "krum" else agg.krum_select or len(replies) - agg.byzantine
         vectors = torch.stack([_flat(r, joined) for r in replies])

@@ -22,8 +22,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fedpcd.algorithms import FedAvg, build_algorithm
-from fedpcd.algorithms.base import MODEL
+from fedpcd.algorithms import Algorithm, build_algorithm
+from fedpcd.algorithms.context import MODEL
 from fedpcd.config import Config
 from fedpcd.data.stats import partition_json
 from fedpcd.engine.checkpoint import (
@@ -88,7 +88,9 @@ def is_full_eval_round(rnd: int, config: Config) -> bool:
     return rnd % (config.eval_every * config.personal_full_every) == 0 or rnd == config.rounds
 
 
-def extra_global_accuracies(algorithm: FedAvg, fed: Federation, server: dict[str, Any]) -> dict[str, float]:
+def extra_global_accuracies(
+    algorithm: Algorithm, fed: Federation, server: dict[str, Any]
+) -> dict[str, float]:
     """The accuracies of the algorithm's extra global predictors on the full test set (``global_acc_<name>``
     in metrics.jsonl; see ``FedAvg.extra_global_predictors``)."""
     test_x = getattr(fed, "test_x", None)
@@ -102,7 +104,7 @@ def extra_global_accuracies(algorithm: FedAvg, fed: Federation, server: dict[str
 
 
 def aggregate_round(
-    algorithm: FedAvg,
+    algorithm: Algorithm,
     config: Config,
     rnd: int,
     server: dict[str, Any],
@@ -213,7 +215,7 @@ def open_run(
 def play_round(
     config: Config,
     fed: Federation,
-    algorithm: FedAvg,
+    algorithm: Algorithm,
     executor: Executor,
     server: dict[str, Any],
     rnd: int,

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from fedpcd.algorithms import mean_aggregating
-from fedpcd.algorithms.base import MODEL, StateDict
+from fedpcd.algorithms.context import MODEL
+from fedpcd.algorithms.statedict import StateDict
 from fedpcd.config import Config, ServerConfig
 from fedpcd.errors import UserError
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from fedpcd.algorithms.base import tensor_bytes
+from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.config import Config
 from fedpcd.engine.checkpoint import load_weights_only
 from fedpcd.engine.federation import to_device

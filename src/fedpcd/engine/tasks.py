@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedpcd.algorithms.base import NUM_SAMPLES, TRAIN_LOSS
+from fedpcd.algorithms.context import NUM_SAMPLES, TRAIN_LOSS
 
 
 @dataclass

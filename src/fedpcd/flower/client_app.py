@@ -31,7 +31,7 @@ _env.set_offline_defaults()
 from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
-from fedpcd.algorithms import FedAvg  # noqa: E402
+from fedpcd.algorithms import Algorithm  # noqa: E402
 from fedpcd.config import Config  # noqa: E402
 from fedpcd.engine.client_update import run_client  # noqa: E402
 from fedpcd.engine.federation import Federation, build_federation, set_threads  # noqa: E402
@@ -60,7 +60,7 @@ class Runtime:
 
     config: Config
     federation: Federation
-    algorithm: FedAvg
+    algorithm: Algorithm
 
 
 _CACHE: dict[tuple[str, str | None], Runtime] = {}

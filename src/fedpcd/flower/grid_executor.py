@@ -26,8 +26,9 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedpcd.algorithms import FedAvg
-from fedpcd.algorithms.base import MODEL, tensor_bytes
+from fedpcd.algorithms import Algorithm
+from fedpcd.algorithms.context import MODEL
+from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.engine.executor import StatesUnavailable
 from fedpcd.engine.federation import to_device
 from fedpcd.engine.guard import InvalidReply
@@ -44,7 +45,7 @@ from fedpcd.flower.protocol import (
     TASK,
     raise_for_error,
 )
-from fedpcd.utils import derive_seed
+from fedpcd.seeds import derive_seed
 
 
 class GridExecutor:
@@ -74,7 +75,7 @@ class GridExecutor:
 
     def train(
         self,
-        algorithm: FedAvg,
+        algorithm: Algorithm,
         server: dict[str, Any],
         ids: Sequence[int],
         rnd: int,

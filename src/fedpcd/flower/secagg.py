@@ -51,7 +51,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.serverapp import Grid
 
-from fedpcd.algorithms.base import MODEL, NUM_SAMPLES
+from fedpcd.algorithms.context import MODEL, NUM_SAMPLES
 from fedpcd.config import SecAggConfig
 from fedpcd.engine.guard import first_nonfinite
 from fedpcd.errors import UserError

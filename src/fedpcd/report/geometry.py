@@ -71,7 +71,7 @@ def run_geometry(run_dir: str | Path) -> dict[str, float | None]:
     """The global, held and missing angles (degrees) of a finished run with a checkpoint (see module doc): the
     checkpoint is loaded once, and each model (the global one, each client's personal one) makes one batched
     pass over the test set, whose class means serve all of that model's angles."""
-    from fedpcd.algorithms.fedavg import feature_map
+    from fedpcd.algorithms.readout import feature_map
     from fedpcd.engine import open_run
     from fedpcd.engine.client_update import local_step
 

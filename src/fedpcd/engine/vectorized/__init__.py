@@ -1,66 +1,63 @@
 """The vectorized executor: the round's clients of one architecture trained at once.
 
-Same numbers as the sequential executor up to float rounding, for every algorithm that keeps FedAvg's
-``local_update`` and ``fit`` (FedAvg, FedProx, FedRS, FedLC, FedMR, FedNH,
-FedGELA, FedGE, SCAFFOLD, FedDyn, FedDC, FedNTD, FedNova, MOON, FedProc, FedSC, CReFF, FedPer, FedBABU,
-LG-FedAvg, FedClassAvg, Local, FedAvg-FT, FedRoD, FedETF, FedProto, FD, FedSSA, FedBN) unless its
-``vectorize_blocker`` names a reason. Not covered (the sequential executor runs them, with a warning):
-methods whose client runs more than one training loop (Ditto, FedRep) or trains two models jointly (FML,
-FedKD, APFL), Per-FedAvg's meta-learning steps, FedMR's Lite variant (random picks inside the loss) and
-FedSC's ``compat_official`` audit mode (it collects features during training).
+Same numbers as the sequential executor up to float rounding, for every algorithm that declares the capability
+(``fedpcd.algorithms.vectorizable.Vectorizable``, which ``FedAvg`` inherits) and keeps the contract's
+``local_update`` and ``fit`` (FedAvg, FedProx, FedRS, FedLC, FedMR, FedNH, FedGELA, FedGE, SCAFFOLD, FedDyn,
+FedDC, FedNTD, FedNova, MOON, FedProc, FedSC, CReFF, FedPer, FedBABU, LG-FedAvg, FedClassAvg, Local,
+FedAvg-FT, FedRoD, FedETF, FedProto, FD, FedSSA, FedBN) unless its ``vectorize_blocker`` names a reason. It
+reads nothing else of an algorithm than the contract's hooks and that capability (``vectorize_blocker``,
+``traceable_loss``). Not covered (the sequential executor runs them, with a warning): methods whose client
+runs more than one training loop (Ditto, FedRep) or trains two models jointly (FML, FedKD, APFL), Per-FedAvg's
+meta-learning steps, FedMR's Lite variant (random picks inside the loss) and FedSC's ``compat_official`` audit
+mode (it collects features during training).
 
-How it reproduces ``FedAvg.local_update`` = ``begin_local``; ``fit`` (the shared loop ``train_loop``);
+How it reproduces the contract's ``local_update`` = ``begin_local``; ``fit`` (the shared loop ``train_loop``);
 ``end_local`` for K clients:
 
-- ``begin_local`` runs once per client on the reusable model object with the client's own ``LocalWork``,
-  as in the sequential executor (its model tensors are kept); the model's tensors and the tensors of each
-  work (the payload and state the loss sees, and the method's working values, e.g. FedNH's ``work.scale``)
-  are stacked along a leading client dimension, and the loss and ``correct_grads`` under vmap read one
-  client's slices through a ``LocalWork`` of the same structure (with nothing received, ``traceable``
-  set). A tensor that is the same object for every client (the global model in FedProx's payload, an ETF)
-  is shared instead. Trainable are the tensors ``trainable_parameters`` returns (model parameters or
-  working tensors: FedNH's scale, FedGELA's projection); every other model parameter stays as loaded.
-  Clients whose works differ in structure (MOON's previous model, absent at a first participation; a
-  working value that is not a tensor and differs) or that train different tensors are trained as separate
-  groups.
+- ``begin_local`` runs once per client on the reusable model object with the client's own ``LocalWork``, as in
+  the sequential executor (its model tensors are kept); the model's tensors and the tensors of each work (the
+  payload and state the loss sees, and the method's working values, e.g. FedNH's ``work.scale``) are stacked
+  along a leading client dimension, and ``traceable_loss`` and ``correct_grads`` under vmap read one client's
+  slices through a ``LocalWork`` of the same structure (with nothing received). A tensor that is the same
+  object for every client (the global model in FedProx's payload, an ETF) is shared instead. Trainable are the
+  tensors ``trainable_parameters`` returns (model parameters or working tensors: FedNH's scale, FedGELA's
+  projection); every other model parameter stays as loaded. Clients whose works differ in structure (MOON's
+  previous model, absent at a first participation; a working value that is not a tensor and differs) or that
+  train different tensors are trained as separate groups.
 - Training is step-synchronous: at step s every client with a batch left takes it from its own stream
   (``ClientData.batches`` with the client's generator, epoch after epoch: the sequential loop's batches and
   augmentation draws). Clients are grouped by batch size (one group at the full batch size; the short last
   batches form small groups), so batch-level losses (FedMR's decorrelation) are exact. Per group,
-  ``torch.func.vmap`` over the clients evaluates ``loss`` through ``functional_call`` on a copy of the
-  model (a "twin"), and one backward pass gives every client's gradient. A frozen model inside the loss
-  (FedNTD's teacher, MOON's global and previous models: ``base.frozen_forward``) is a nested
+  ``torch.func.vmap`` over the clients evaluates ``traceable_loss`` through ``functional_call`` on a copy of
+  the model (a "twin"), and one backward pass gives every client's gradient. A frozen model inside the loss
+  (FedNTD's teacher, MOON's global and previous models: ``common.frozen_forward``) is a nested
   ``functional_call`` on the twin, vmapped with the rest (shared or per-client weights).
-- ``correct_grads`` (SCAFFOLD's c - c_i, FedDyn's and FedDC's regulariser gradients) is
-  vmapped over the clients' stacked gradients, parameters and works.
+- ``correct_grads`` (SCAFFOLD's c - c_i, FedDyn's and FedDC's regulariser gradients) is vmapped over the
+  clients' stacked gradients, parameters and works.
 - The optimiser is ``torch.optim.SGD``'s single-tensor update on stacked tensors, each client its own:
-  gradient-norm clipping as ``clip_grad_norm_`` (total norm over the trainable tensors, coefficient
-  max / (norm + 1e-6) clamped to 1), g + wd w, momentum buffer b <- m b + g (zero-initialised: the first
-  step is b = g, as torch's clone), w <- w - lr b. The mean train loss is accumulated as the loop does.
+  gradient-norm clipping as ``clip_grad_norm_`` (total norm over the trainable tensors, coefficient max /
+  (norm + 1e-6) clamped to 1), g + wd w, momentum buffer b <- m b + g (zero-initialised: the first step is b =
+  g, as torch's clone), w <- w - lr b. The mean train loss is accumulated as the loop does.
 - Then per client its model tensors (as ``begin_local`` left them) and its trained tensors are written into
-  the model and its work, the work's ``steps`` set, and ``end_local`` (control variates, drifts,
-  FedBABU's and FedAvg-FT's fine-tuning, which stays sequential) and the personal evaluation run as in the
-  sequential executor. Client states are committed once the whole round succeeded; anything the executor
-  cannot stack makes the round run sequentially (:func:`train_or_none`).
+  the model and its work, the work's ``steps`` set, and ``end_local`` (control variates, drifts, FedBABU's and
+  FedAvg-FT's fine-tuning, which stays sequential) and the personal evaluation run as in the sequential
+  executor. Client states are committed once the whole round succeeded; anything the executor cannot stack
+  makes the round run sequentially (:func:`train_or_none`).
 - Personal evaluation is batched: when the personal predictor is the model itself, or a ``Readout`` over it
-  (FedGELA, FedNH, FedRoD), the clients' personal models are stacked and
-  vmapped over chunks of the full test set, or of their local test splits padded to the longest
-  (``personal_test: split``). Predictions equal the sequential ones up to ties within float rounding.
+  (FedGELA, FedNH, FedRoD), the clients' personal models are stacked and vmapped over chunks of the full test
+  set, or of their local test splits padded to the longest (``personal_test: split``). Predictions equal the
+  sequential ones up to ties within float rounding.
 
-Speed on a CPU. vmap turns a convolution with per-client weights into a grouped convolution, which oneDNN
-runs slower than a loop over the clients. The twin is therefore the model's ``vmap_copy``: the ConvNet family
-(simplecnn, conv2cifar, cnn1..cnn5) gives one whose ``features`` runs per-client CPU kernels under vmap, and
-predictions use the model's ``inference_forward`` (both in ``fedpcd.models.fast_convnet``). Other
-architectures go through plain vmap (BatchNorm included: running statistics are stacked per-client buffers
-updated in place).
+The twin is the model's ``vmap_copy``: for the ConvNet family (simplecnn, conv2cifar, cnn1..cnn5) one whose
+``features`` runs per-client CPU kernels under vmap (vmap would turn a convolution with per-client weights
+into a grouped convolution, slower on a CPU than a loop over the clients), and predictions use the model's
+``inference_forward`` (both in ``fedpcd.models.fast_convnet``). Other architectures go through plain vmap
+(BatchNorm included: running statistics are stacked per-client buffers updated in place).
 
-``engine.executor: auto`` runs the sequential executor (see ``fedpcd.engine.client_update.run_clients``); this
-one runs with ``executor: vectorized``, for any architecture, in chunks of clients whose stacked state fits
-``MEMORY_BUDGET``. On a CPU it is fastest for the ConvNet family: 1.04-1.13x a plain PyTorch loop for
-simplecnn on fmnist on a quiet 2-core machine (1.3-1.7x when the machine is loaded, which slows the plain
-loop's many small operations more); the MLP on fmnist ran at 0.7x and ResNet-18 at 0.3-0.6x. There the
-per-client convolution kernels bound it (benchmarks/speed.py prints the bound); on a GPU the per-step launch
-overhead that vectorisation removes dominates instead (not measured here: no GPU).
+It runs only when asked for, ``engine.executor: vectorized``, on any device and architecture, in chunks of
+clients whose stacked state fits ``MEMORY_BUDGET``; ``engine.executor: auto`` is the sequential executor on
+the CPU and on CUDA alike (``fedpcd.engine.client_update.run_clients``). Its speed against the sequential
+executor is in docs/performance.md.
 
 Float rounding differs from the sequential executor's (other kernels, other summation orders): usually
 1e-8 after a round, but a ReLU unit whose input is within rounding of 0, or FedMR's decorrelation with its
@@ -83,8 +80,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedpcd.algorithms import FedAvg
-from fedpcd.algorithms.base import tensor_bytes
+from fedpcd.algorithms import Algorithm
+from fedpcd.algorithms.statedict import tensor_bytes
+from fedpcd.algorithms.vectorizable import Vectorizable
 from fedpcd.engine.federation import Federation
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.engine.vectorized.clients import Fallback, Pending, begin, write_back
@@ -101,14 +99,18 @@ MEMORY_BUDGET = 2 << 30  # bytes of stacked per-client state and activations tra
 # ----- when it applies -------------------------------------------------------------------------------------
 
 
-def blocker(algorithm: FedAvg, fed: Federation, ids: Sequence[int]) -> str | None:
-    """Why the vectorized executor does not run this round (None: it does)."""
+def blocker(algorithm: Algorithm, fed: Federation, ids: Sequence[int]) -> str | None:
+    """Why the vectorized executor does not run this round (None: it does): the algorithm must declare the
+    capability (:class:`~fedpcd.algorithms.vectorizable.Vectorizable`), keep the contract's training loop and
+    not block this configuration."""
+    cls = type(algorithm)
+    if not isinstance(algorithm, Vectorizable):
+        return f"{cls.__name__} is not covered by the vectorized executor (it is not Vectorizable)"
     reason = algorithm.vectorize_blocker()
     if reason is not None:
         return reason
-    cls = type(algorithm)
     for hook in ("local_update", "fit"):
-        if getattr(cls, hook) is not getattr(FedAvg, hook):
+        if getattr(cls, hook) is not getattr(Algorithm, hook):
             return f"{cls.__name__} is not covered by the vectorized executor (it overrides {hook})"
     if len(ids) < 2:
         return "fewer than 2 participants"
@@ -121,7 +123,7 @@ _WARNED: set[str] = set()
 
 
 def train_or_none(
-    algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]
+    algorithm: Algorithm, fed: Federation, tasks: Sequence[ClientTask]
 ) -> list[ClientReply] | None:
     """The replies to ``tasks`` from the vectorized executor, or None when the sequential one should run
     them (a warning says why, once per reason)."""
@@ -182,7 +184,7 @@ def _chunk_size(model: nn.Module, fed: Federation, ids: Sequence[int]) -> int:
 # ----- the round -------------------------------------------------------------------------------------------
 
 
-def train_vectorized(algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
+def train_vectorized(algorithm: Algorithm, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
     """Train (and, where the task says so, personally evaluate) the clients of ``tasks``, chunk by chunk;
     the same replies as the sequential executor up to float rounding. Raises :class:`Fallback` when the
     clients' contexts cannot be stacked."""
@@ -194,7 +196,7 @@ def train_vectorized(algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientT
     return replies
 
 
-def _train_chunk(algorithm: FedAvg, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
+def _train_chunk(algorithm: Algorithm, fed: Federation, tasks: Sequence[ClientTask]) -> list[ClientReply]:
     """One chunk of the round: ``begin_local`` per client, the clients trained in groups of equal structure
     (:func:`~fedpcd.engine.vectorized.steps.train_steps`), then per client the write-back, ``end_local`` and
     the personal evaluation (batched where it can be)."""

@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedpcd.algorithms import ClientData, FedAvg, LocalWork
-from fedpcd.algorithms.fedavg import Readout
+from fedpcd import seeds
+from fedpcd.algorithms import Algorithm, ClientData, LocalWork
+from fedpcd.algorithms.readout import Readout
 from fedpcd.engine.federation import Federation, to_device
 from fedpcd.engine.tasks import ClientTask
 from fedpcd.engine.vectorized.stacking import model_tensors, tensor_leaves
-from fedpcd.utils import derive_seed
 
 
 class Fallback(Exception):
@@ -51,22 +51,19 @@ def context_of(work: LocalWork) -> dict[str, Any]:
 
 
 def work_of(context: dict[str, Any], rng: torch.Generator, rnd: int) -> LocalWork:
-    """A traceable :class:`LocalWork` holding ``context`` (under vmap: one client's slices of the stacked
-    tensors), with nothing received and the spare generator ``rng`` (the loss must not draw)."""
-    values = context["values"]
-    return LocalWork(
-        context["payload"], context["state"], rng, round=rnd, received={}, traceable=True, **values
-    )
+    """A :class:`LocalWork` holding ``context`` (under vmap: one client's slices of the stacked tensors),
+    with nothing received and the spare generator ``rng`` (the loss must not draw)."""
+    return LocalWork(context["payload"], context["state"], rng, round=rnd, received={}, **context["values"])
 
 
-def begin(algorithm: FedAvg, fed: Federation, task: ClientTask) -> Client:
+def begin(algorithm: Algorithm, fed: Federation, task: ClientTask) -> Client:
     """The task's ``begin_local`` on the reusable model object, as the sequential executor runs it; which
     tensors it trains. Raises :class:`Fallback` for a trainable tensor the executor cannot stack."""
     k, rnd, payload, state = task.client, task.round, task.payload, task.state
     model = fed.model_for(k, fresh=state is None)
     device = next(model.parameters()).device
     payload, state = to_device(payload, device), to_device(state, device)
-    rng = torch.Generator().manual_seed(derive_seed(fed.config.seed, rnd, k))
+    rng = seeds.generator(seeds.client_update(fed.config.seed, rnd, k))
     work = LocalWork(payload, state, rng, round=rnd)
     algorithm.begin_local(model, fed.clients[k], work)
     context = context_of(work)

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from fedpcd.algorithms import FedAvg, LocalWork
-from fedpcd.algorithms.fedavg import Readout
+from fedpcd.algorithms import Algorithm, LocalWork
+from fedpcd.algorithms.readout import Readout
 from fedpcd.engine.federation import Federation
 from fedpcd.engine.metrics import (
     personal_evaluation,
@@ -34,7 +34,7 @@ EVAL_BATCH = 1024  # test samples per vmapped evaluation chunk (fewer when many 
 
 
 def evaluate_or_defer(
-    algorithm: FedAvg,
+    algorithm: Algorithm,
     fed: Federation,
     model: nn.Module,
     client: Client,
@@ -55,7 +55,7 @@ def evaluate_or_defer(
 
 
 def evaluate_batched(
-    algorithm: FedAvg, bound: Bound, pending: list[Pending], full_test: bool
+    algorithm: Algorithm, bound: Bound, pending: list[Pending], full_test: bool
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Personal metrics of the deferred clients: their models stacked and vmapped over chunks of the full
     test set, or (``full_test`` False) of their local test splits, padded to the longest."""

@@ -10,15 +10,15 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from fedpcd.algorithms import FedAvg, LocalWork
-from fedpcd.algorithms.base import round_lr
+from fedpcd.algorithms import Algorithm, LocalWork
+from fedpcd.algorithms.common import round_lr
 from fedpcd.engine.vectorized.clients import Client, batch_stream, work_of
 from fedpcd.engine.vectorized.sgd import sgd_step
 from fedpcd.engine.vectorized.stacking import rebuild, stack_or_share, tensor_leaves, twin_of
 
 
 def train_steps(
-    algorithm: FedAvg, model: nn.Module, clients: list[Client]
+    algorithm: Algorithm, model: nn.Module, clients: list[Client]
 ) -> tuple[list[dict[str, Tensor]], list[float], list[int]]:
     """The shared loop for all ``clients`` at once; per client the trained tensors (trainable ones and those
     the loss updated in place), the mean train loss and the number of steps."""
@@ -71,7 +71,7 @@ def train_steps(
     def client_loss(tr: dict[str, Tensor], per: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
         t, work = enter(tr, per)
         params = {f"m.{n}": t[f"m:{n}"] for n in model_names}
-        return functional_call(bound, params, (lambda m: algorithm.loss(m, (x, y), work),))
+        return functional_call(bound, params, (lambda m: algorithm.traceable_loss(m, (x, y), work),))
 
     def client_grads(
         grads: dict[str, Tensor], tr: dict[str, Tensor], per: dict[str, Tensor]
@@ -80,7 +80,7 @@ def train_steps(
         return algorithm.correct_grads(grads, {n: t[f"m:{n}"] for n in param_names}, work)
 
     batched_loss = vmap(client_loss, in_dims=(0, 0, 0, 0), randomness="error")
-    correcting = type(algorithm).correct_grads is not FedAvg.correct_grads
+    correcting = type(algorithm).correct_grads is not Algorithm.correct_grads
     batched_grads = vmap(client_grads, in_dims=(0, 0, 0), randomness="error")
     device = next(iter(trainable.values())).device
 

@@ -1,0 +1,42 @@
+"""Predictors that are a model's weights plus a few tensors, and the feature space a predictor's classifier
+reads (``fedpcd report --geometry``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from fedpcd.algorithms.contract import Predictor
+
+TensorLogits = Callable[[nn.Module, Tensor, dict[str, Any]], Tensor]
+
+
+@dataclass(frozen=True)
+class Readout:
+    """A predictor that is the model's weights plus a few tensors: x -> ``logits(model, x, tensors)`` (a
+    fixed ETF, prototypes, a private head beside the model).
+
+    Returned by ``personal_predictor`` (or ``global_predictor``) instead of a closure, it exposes its tensors
+    (the vectorized executor stacks the clients' ``tensors`` and evaluates them at once; ``logits`` must be
+    tensor code); ``features`` (default: ``model.features``) is what its classifier reads, the feature space
+    of ``fedpcd report --geometry`` (FedGELA: the projected h)."""
+
+    model: nn.Module
+    logits: TensorLogits
+    tensors: dict[str, Any]
+    features: TensorLogits | None = None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        self.model.eval()
+        return self.logits(self.model, x, self.tensors)
+
+
+def feature_map(predictor: Predictor, model: nn.Module) -> Predictor:
+    """x -> the features the classifier of ``predictor`` (a predictor over ``model``) reads."""
+    if isinstance(predictor, Readout) and predictor.features is not None:
+        features, tensors = predictor.features, predictor.tensors
+        return lambda x: features(model, x, tensors)
+    return lambda x: model.features(x).flatten(1)
