@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "fedpcd._version",
             "fedpcd.errors",
+            "fedpcd.seeds",
             "fedpcd.utils",
             "fedpcd.procs_guard",
             "fedpcd.run_format",
