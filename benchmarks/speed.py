@@ -505,9 +505,9 @@ def train_only(fed: Federation, workers: int, rounds: int) -> list[float]:
 def end_to_end(
     fraction: float, rounds: int, workers: int, executor: str, personal_test: str
 ) -> dict[str, Any]:
-    """One ``run_local`` run (evaluation every round): each round's wall time (the pool starts in the first)
+    """One local run (evaluation every round): each round's wall time (the pool starts in the first)
     and the peak memory of its processes."""
-    from fedpcd.engine.simulation import run_local
+    from fedpcd.backends import run_experiment
 
     with tempfile.TemporaryDirectory() as tmp:
         config = side_config(
@@ -519,7 +519,7 @@ def end_to_end(
             f"personal_test={personal_test}",
         )
         with PeakMemory() as memory:
-            run_local(config, progress=False)
+            run_experiment(config, progress=False)
         with open(f"{tmp}/run/metrics.jsonl") as fh:
             walls = [json.loads(line)["wall_s"] for line in fh]
     return {"rounds_s": walls, "peak_pss_mb": memory.peak}

@@ -24,8 +24,8 @@ from fedpcd.algorithms.creff import (
     matching_loss,
     retrain_classifier,
 )
+from fedpcd.backends import run_experiment
 from fedpcd.config import config_from_dict
-from fedpcd.engine import run_experiment
 from fedpcd.models import backbone_keys, build_model, head_keys
 from fedpcd.utils import derive_seed
 

@@ -35,8 +35,8 @@ from torch.overrides import TorchFunctionMode
 
 import fedpcd
 from fedpcd.algorithms import ALGORITHMS
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 
 SRC = os.path.dirname(fedpcd.__file__) + os.sep
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(fedpcd.__file__)))  # file:line relative to this

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from conftest import SMALL_EVERY_METRIC, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import ditto as ditto_module
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 
 SMALL = SMALL_EVERY_METRIC

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import requires_fmnist, run_records
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation, sample_clients
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
@@ -117,7 +117,7 @@ def test_resume_continues_to_identical_metrics(tmp_path, monkeypatch):
     monkeypatch.setattr(RunDir, "append", original)
     assert not (tmp_path / "cut" / "summary.json").exists()
 
-    from fedpcd.engine import resume_run
+    from fedpcd.backends import resume_run
 
     resume_run(tmp_path / "cut", progress=False)
     assert run_records(tmp_path / "cut") == run_records(tmp_path / "full")
@@ -219,7 +219,7 @@ def test_the_engine_reads_no_reply_field_by_a_string_literal():
 
 
 def test_a_resume_says_the_round_it_continues_from(tmp_path, capsys):
-    from fedpcd.engine.simulation import resume_run
+    from fedpcd.backends import resume_run
 
     out = tmp_path / "run"
     run_experiment(load_config(None, [*SMALL, "clients=2", "rounds=2", f"output_dir={out}"]), progress=False)

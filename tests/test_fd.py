@@ -14,8 +14,8 @@ from conftest import HETERO_MODELS, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.base import tensor_bytes
 from fedpcd.algorithms.fd import FD, logit_kl
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 
 

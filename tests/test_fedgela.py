@@ -14,8 +14,8 @@ from conftest import local_work
 from fedpcd.algorithms import ALGORITHMS, Context, LocalWork, build_algorithm
 from fedpcd.algorithms.base import ClientData, weighted_average
 from fedpcd.algorithms.fedgela import FedGE, FedGELA, adaptation, simplex_etf
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError
 from fedpcd.models import FedModel, backbone_keys, head_keys

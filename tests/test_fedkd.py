@@ -22,8 +22,8 @@ from fedpcd.algorithms.fedkd import (
     svd_compress,
     svd_reconstruct,
 )
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.models import build_model

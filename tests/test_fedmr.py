@@ -12,8 +12,8 @@ from conftest import local_work, tiny_client
 from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
 from fedpcd.algorithms.base import aggregate_prototypes, raw_class_means
 from fedpcd.algorithms.fedmr import inter_class_loss, intra_class_loss, negative_mask
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.models import build_model
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=32"]

@@ -18,8 +18,8 @@ from fedpcd.algorithms.fednh import (
     init_prototypes,
     max_pairwise_cosine,
 )
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys, build_model, head_keys
 

@@ -24,8 +24,8 @@ import torch
 pytest.importorskip("flwr")
 
 from conftest import assert_same_backend_run, requires_fmnist  # noqa: E402
+from fedpcd.backends import run_experiment  # noqa: E402
 from fedpcd.config import load_config  # noqa: E402
-from fedpcd.engine.simulation import run_local  # noqa: E402
 from fedpcd.flower import procs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_flower_simulation_equals_local_backend(flower_tmp_env, algorithm):
         "seed=0",
         "engine.threads=1",
     ]
-    run_local(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
     cfg = load_config(None, args + [f"output_dir={tmp / 'flower'}", "backend=flower"])
     with SocketWatch() as watch:
         summary = run_flower(cfg, progress=False)
@@ -149,7 +149,7 @@ def test_deployment_two_supernodes_on_loopback_completes_and_stops(flower_tmp_en
 
     tmp = flower_tmp_env
     args = SMALL + ["clients=2", "rounds=2", "seed=4"]
-    run_local(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
     cfg = load_config(None, args + [f"output_dir={tmp / 'deployed'}"])
     with SocketWatch() as watch:
         dep = LoopbackDeployment(2, workdir=tmp / "deploy", cwd=tmp)
@@ -273,5 +273,5 @@ def test_a_sigkilled_flower_run_leaves_no_ray_process_and_resumes_on_flower(flow
     assert resumed.wait(timeout=240) == 0, _stderr(flower_tmp_env)
     local = flower_tmp_env / "local"
     args = [*data, "clients=2", "rounds=5", f"output_dir={local}"]
-    run_local(load_config(None, args), progress=False)
+    run_experiment(load_config(None, args), progress=False)
     assert_same_backend_run(local, out)

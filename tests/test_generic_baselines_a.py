@@ -20,8 +20,8 @@ from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, bui
 from fedpcd.algorithms.base import local_steps
 from fedpcd.algorithms.fednova import effective_steps
 from fedpcd.algorithms.scaffold import Scaffold, option_two_control
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.errors import UserError
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=32"]

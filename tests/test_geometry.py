@@ -9,9 +9,9 @@ import torch
 
 from fedpcd.algorithms.fedavg import feature_map
 from fedpcd.algorithms.fedgela import simplex_etf
+from fedpcd.backends import run_experiment
 from fedpcd.cli import main
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError
 from fedpcd.report import load_runs, report_table

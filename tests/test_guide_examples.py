@@ -25,9 +25,9 @@ import torch
 from conftest import run_records
 from fedpcd.algorithms import ALGORITHMS, FedAvg
 from fedpcd.algorithms.base import clone_state, local_steps, tensor_bytes
+from fedpcd.backends import run_experiment
 from fedpcd.cli import main
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.rundir import RunDir

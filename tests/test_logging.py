@@ -9,8 +9,8 @@ import re
 
 import pytest
 
+from fedpcd.backends import resume_run, run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine.simulation import resume_run, run_local
 from fedpcd.errors import UserError
 from fedpcd.logs import LOGGER, run_log, setup
 from fedpcd.run_format import RunFiles
@@ -109,14 +109,14 @@ def test_run_log_never_writes_through_a_link(tmp_path, capsys):
         pass
     config = load_config(None, [*TINY, "rounds=1", f"output_dir={out}"])
     with pytest.raises(UserError, match=f"^{re.escape(str(out / 'run.log'))} is a symbolic link"):
-        run_local(config, progress=False)
+        run_experiment(config, progress=False)
     assert target.read_text() == "precious\n" and not RunFiles(out).config.exists()
 
 
 def test_a_local_run_and_its_resume_write_run_log(tmp_path, capsys):
     out = tmp_path / "run"
     config = load_config(None, [*TINY, "rounds=2", "eval_every=1", f"output_dir={out}"])
-    run_local(config, progress=False)
+    run_experiment(config, progress=False)
     assert capsys.readouterr().err == ""  # verbosity 0, no progress: nothing on stderr
     text = (out / "config.yaml").read_text().replace("rounds: 2", "rounds: 3")
     (out / "config.yaml").write_text(text)
@@ -136,9 +136,9 @@ def test_run_log_left_by_a_run_stopped_before_its_files_is_not_foreign(tmp_path)
     bad.dataset.root = str(tmp_path / "nowhere")
     bad.dataset.download = False
     with pytest.raises(UserError):
-        run_local(bad, progress=False)
+        run_experiment(bad, progress=False)
     assert sorted(p.name for p in out.iterdir()) == [".lock", "run.log"]
-    run_local(load_config(None, [*TINY, "rounds=1", f"output_dir={out}"]), progress=False)
+    run_experiment(load_config(None, [*TINY, "rounds=1", f"output_dir={out}"]), progress=False)
     assert RunFiles(out).summary.exists()
     assert [m for level, m in log_lines(RunFiles(out).run_log) if level == "ERROR"][0].startswith("stopped: ")
 

@@ -19,8 +19,8 @@ from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, bui
 from fedpcd.algorithms import fedrep as fedrep_module
 from fedpcd.algorithms.base import balanced_softmax_loss, log_prior, tensor_bytes
 from fedpcd.algorithms.fedavg import train_loop
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
-from fedpcd.engine import run_experiment
 from fedpcd.models import backbone_keys, head_keys
 
 SMALL = SMALL_EVERY_METRIC

@@ -10,9 +10,9 @@ import torch
 
 from conftest import run_records
 from fedpcd.algorithms import ALGORITHMS, FedAvg
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
 from fedpcd.engine.guard import reply_problem
-from fedpcd.engine.simulation import run_local
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "clients=4", "rounds=3"]
 
@@ -55,7 +55,7 @@ def rogue():
 
 def _run(tmp_path, name: str, how: str) -> list[dict]:
     out = tmp_path / how
-    run_local(
+    run_experiment(
         load_config(None, [*SMALL, f"algorithm.name={name}", f"algorithm.how={how}", f"output_dir={out}"])
     )
     return run_records(out)

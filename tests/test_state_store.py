@@ -115,9 +115,9 @@ def test_checkpoint_holds_the_store_as_a_plain_dict(store, tmp_path):
 
 
 def test_runs_and_resumes_with_client_states_on_disk(tmp_path):
-    """engine.client_state=disk through run_local: same metrics as memory; resume undoes files written after
-    the checkpoint (the store is replaced by the checkpoint's states)."""
-    from fedpcd.engine import resume_run, run_experiment
+    """engine.client_state=disk through the local backend: same metrics as memory; resume undoes files
+    written after the checkpoint (the store is replaced by the checkpoint's states)."""
+    from fedpcd.backends import resume_run, run_experiment
     from fedpcd.engine.records import read_records
 
     def run(name: str, backend: str) -> list[dict]:

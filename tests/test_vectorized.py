@@ -22,9 +22,9 @@ from fedpcd.algorithms.fedmr import (
 )
 from fedpcd.algorithms.fedproc import prototype_contrastive_loss
 from fedpcd.algorithms.fedsc import rpcl_loss
+from fedpcd.backends import run_experiment
 from fedpcd.config import load_config
 from fedpcd.data.datasets import load_dataset
-from fedpcd.engine import run_experiment
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.metrics import predict
