@@ -633,6 +633,7 @@ def test_the_client_app_and_the_worker_pool_run_the_one_client_update(tmp_path, 
 
     from fedpcd.engine import client_update, pool
     from fedpcd.engine.federation import build_federation
+    from fedpcd.engine.tasks import ClientTask
 
     trained: list[int] = []
     real = client_update.local_step
@@ -652,6 +653,6 @@ def test_the_client_app_and_the_worker_pool_run_the_one_client_update(tmp_path, 
     monkeypatch.setattr(pool, "_FEDERATION", fed)
     algorithm = fed.new_algorithm()
     server = algorithm.init_server(fed.model_for(0, fresh=True))
-    tasks = list(client_update.make_tasks(algorithm, server, [0, 1, 2], 1, {}, False, True))
+    tasks = [ClientTask(1, k, algorithm.payload_for(server, k), None, False) for k in range(3)]
     replies = pickle.loads(pool._work(pickle.dumps(algorithm), pickle.dumps(tasks)))
     assert sorted(trained) == [0, 1, 2] and [r.client for r in replies] == [0, 1, 2]

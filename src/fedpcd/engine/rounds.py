@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from fedpcd.algorithms import FedAvg
 from fedpcd.algorithms.base import MODEL
@@ -39,15 +39,13 @@ from fedpcd.engine.metrics import accuracy, balanced_accuracy, predict
 from fedpcd.engine.privacy import add_noise, dp_epsilon
 from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.robust import robust_aggregate
+from fedpcd.engine.run import Run
 from fedpcd.engine.server_opt import server_step
 from fedpcd.engine.update_policy import admit_replies
 from fedpcd.errors import UserError
 from fedpcd.labels import PRESET, preset_record, run_log_line
 from fedpcd.logs import LOGGER, RUN_LOG_ONLY
 from fedpcd.run_format import CODE, GA_BALANCED, PERSONAL, STATISTICS, code_version, headline_text
-
-if TYPE_CHECKING:
-    from fedpcd.engine.run import Run
 
 RecordHook = Callable[[dict[str, Any]], None]
 
