@@ -61,6 +61,7 @@ from fedpcd.config import Config, load_config
 from fedpcd.data.datasets import DATASETS, Dataset
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import Federation, build_federation, global_accuracy, sample_clients
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.errors import UserError
 
 EXECUTORS = ("sequential", "vectorized")
@@ -201,7 +202,9 @@ class FederatedRunner:
     def round(self, rnd: int, ids: list[int], evaluate: bool = False) -> float:
         t0 = time.perf_counter()
         executor = LocalExecutor(self.fed, states=self.states)
-        results = executor.train(self.algorithm, self.server, ids, rnd, evaluate)
+        results = executor.train(
+            self.algorithm, payloads_for(self.algorithm, self.server, ids), rnd, evaluate
+        )
         self.server = self.algorithm.aggregate(self.server, [r.update for r in results])
         if evaluate:
             global_accuracy(self.algorithm, self.fed.model_for(0), self.fed, self.server)
@@ -494,7 +497,9 @@ def train_only(fed: Federation, workers: int, rounds: int) -> list[float]:
     try:
         for rnd in range(1, rounds + 1):
             t0 = time.perf_counter()
-            replies = executor.train(algorithm, server, list(range(len(fed.clients))), rnd, evaluate=False)
+            replies = executor.train(
+                algorithm, payloads_for(algorithm, server, list(range(len(fed.clients)))), rnd, evaluate=False
+            )
             server = algorithm.aggregate(server, [r.update for r in replies])
             times.append(time.perf_counter() - t0)
     finally:

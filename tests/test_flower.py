@@ -35,6 +35,7 @@ from conftest import assert_same_backend_run, run_records  # noqa: E402
 from fedpcd.algorithms import ALGORITHMS, FedAvg  # noqa: E402
 from fedpcd.backends import run_experiment  # noqa: E402
 from fedpcd.config import load_config  # noqa: E402
+from fedpcd.engine.tasks import payloads_for  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import codec  # noqa: E402
 from fedpcd.flower.client_app import app as client_app  # noqa: E402
@@ -297,7 +298,9 @@ def _round_one_replies(args: list[str]) -> tuple[list, int]:
     fed = build_federation(load_config(None, args))
     algorithm = fed.new_algorithm()
     server = algorithm.init_server(fed.model_for(0, fresh=True))
-    results = LocalExecutor(fed).train(algorithm, server, list(range(len(fed.clients))), 1, False)
+    results = LocalExecutor(fed).train(
+        algorithm, payloads_for(algorithm, server, list(range(len(fed.clients)))), 1, False
+    )
     return [r.update for r in results], max(c.num_samples for c in fed.clients)
 
 

@@ -31,6 +31,7 @@ from fedpcd.config import load_config
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.rundir import RunDir
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.engine.vectorized import blocker
 from fedpcd.models import backbone_keys, head_keys
 
@@ -272,7 +273,9 @@ def test_guide_per_keeps_the_head_on_the_client(guide, tmp_path):
     for rnd in (1, 2):
         for k in range(3):
             assert set(algorithm.payload_for(server, k)["model"]) == body  # nothing of a head goes down
-        results = LocalExecutor(fed, states=states).train(algorithm, server, [0, 1, 2], rnd, evaluate=True)
+        results = LocalExecutor(fed, states=states).train(
+            algorithm, payloads_for(algorithm, server, [0, 1, 2]), rnd, evaluate=True
+        )
         for r in results:
             assert r.error is None, r.error
             assert set(r.update["model"]) == body  # nor up

@@ -28,6 +28,7 @@ from fedpcd.engine.privacy import (
     mechanisms,
     uncovered,
 )
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.errors import UserError
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32", "clients=4"]
@@ -247,7 +248,9 @@ def test_every_algorithm_declares_what_it_uploads_and_keeps_beyond_the_model(nam
     initial = dict(server.get("initial", {}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = LocalExecutor(fed, states={}).train(algorithm, server, [0, 1, 2], 1, False)
+        results = LocalExecutor(fed, states={}).train(
+            algorithm, payloads_for(algorithm, server, [0, 1, 2]), 1, False
+        )
     assert all(r.error is None for r in results), [r.error for r in results]
     extra = {k for r in results for k in r.update} - set(COVERED)
     assert extra <= set(cls.extra_uploads), f"{name} uploads {sorted(extra)}, declares {cls.extra_uploads}"

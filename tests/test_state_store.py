@@ -9,6 +9,7 @@ from fedpcd.config import load_config
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.state_store import ClientStateStore, compact, state_store_for
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.errors import UserError
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=32"]
@@ -94,7 +95,9 @@ def test_disk_store_trains_like_a_dict(tmp_path, algorithm):
         algo = fed.new_algorithm()
         server = algo.init_server(fed.model_for(0, fresh=True))
         for rnd in (1, 2):
-            results = LocalExecutor(fed, states=states).train(algo, server, [0, 2], rnd, evaluate=False)
+            results = LocalExecutor(fed, states=states).train(
+                algo, payloads_for(algo, server, [0, 2]), rnd, evaluate=False
+            )
             server = algo.aggregate(server, [r.update for r in results])
         assert sorted(states) == [0, 2]
         servers.append(server["model"])

@@ -41,6 +41,7 @@ from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.robust import robust_aggregate
 from fedpcd.engine.run import Run
 from fedpcd.engine.server_opt import server_step
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.engine.update_policy import admit_replies
 from fedpcd.errors import UserError
 from fedpcd.labels import PRESET, preset_record, run_log_line
@@ -158,7 +159,7 @@ def play_round(
     t0 = time.perf_counter()
     ids = sample_clients(config.clients, config.participation, config.seed, rnd)
     evaluate = is_eval_round(rnd, config)
-    payloads = {k: algorithm.payload_for(server, k) for k in ids}
+    payloads = payloads_for(algorithm, server, ids)
     results = executor.train(algorithm, payloads, rnd, evaluate, is_full_eval_round(rnd, config))
     sizes = [client.num_samples for client in fed.clients]
     kept, screened = admit_replies(config, algorithm, sizes, payloads, results, rnd)
