@@ -81,6 +81,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    from fedpcd.engine import Run
     from fedpcd.flower import run_flower
     from fedpcd.flower.deploy import LoopbackDeployment
 
@@ -112,7 +113,7 @@ def main() -> None:
         d = out / f"sim{i}"
         cfg = load_config(None, base + [f"clients={args.clients}", f"output_dir={d}", "backend=flower"])
         t0 = time.perf_counter()
-        run_flower(cfg, progress=False, num_cpus=cpus)
+        run_flower(Run.create(cfg), progress=False, num_cpus=cpus)
         results.append(_measure(name, args.clients, d, time.perf_counter() - t0, ref))
     if not args.skip_deploy:
         ref2 = local("local-deploy", args.nodes) if args.nodes != args.clients else ref

@@ -112,6 +112,7 @@ def flower_tmp_env(tmp_path, monkeypatch):
 def test_flower_simulation_equals_local_backend(flower_tmp_env, algorithm):
     """Acceptance: FedAvg and FedNH (server prototypes in every payload), 4 clients, 2 rounds on
     Fashion-MNIST; Flower's simulation == local, bitwise."""
+    from fedpcd.engine import Run
     from fedpcd.flower import run_flower
 
     tmp = flower_tmp_env
@@ -127,7 +128,7 @@ def test_flower_simulation_equals_local_backend(flower_tmp_env, algorithm):
     run_experiment(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
     cfg = load_config(None, args + [f"output_dir={tmp / 'flower'}", "backend=flower"])
     with SocketWatch() as watch:
-        summary = run_flower(cfg, progress=False)
+        summary = run_flower(Run.create(cfg), progress=False)
     assert_same_backend_run(tmp / "local", tmp / "flower")
     assert summary["rounds"] == 2 and summary["final"]["global_acc"] is not None
     a = torch.load(tmp / "local" / "checkpoint" / "state.pt", weights_only=False)["server"]["model"]

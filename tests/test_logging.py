@@ -147,10 +147,12 @@ def test_run_log_left_by_a_run_stopped_before_its_files_is_not_foreign(tmp_path)
 def test_a_flower_simulation_writes_run_log_once(tmp_path):
     """run_flower holds the run directory and its ServerApp thread opens it again: one set of lines."""
     pytest.importorskip("flwr")
+    from fedpcd.engine import Run
     from fedpcd.flower import run_flower
 
     out = tmp_path / "fl"
-    run_flower(load_config(None, [*TINY, "rounds=2", "backend=flower", f"output_dir={out}"]), progress=False)
+    config = load_config(None, [*TINY, "rounds=2", "backend=flower", f"output_dir={out}"])
+    run_flower(Run.create(config), progress=False)
     messages = [m for _, m in log_lines(RunFiles(out).run_log)]
     assert [m for m in messages if m.startswith("round ") and "GA=" in m][0].startswith("round 1: GA=")
     assert sum(m.startswith("round ") and "GA=" in m for m in messages) == 2
