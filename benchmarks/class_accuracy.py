@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from fedpcd.engine import open_run
+from fedpcd.engine import load_finished
 from fedpcd.engine.metrics import per_class_accuracy, predict
 
 
 def global_predictions(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(predictions, labels, classes) of the run's final global model on the full test set."""
-    fed, algorithm, checkpoint = open_run(run_dir)
+    fed, algorithm, checkpoint = load_finished(run_dir)
     predictor = algorithm.global_predictor(fed.model_for(0), checkpoint["server"])
     if predictor is None:
         raise SystemExit(f"{run_dir}: {fed.config.algorithm.name} has no global model")

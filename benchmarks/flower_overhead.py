@@ -5,7 +5,7 @@ metrics.jsonl (from sending the payloads to the recorded round: training, person
 aggregation, and for Flower the messaging). The first round also pays one-off costs (Ray actors or workers
 import torch and build the federation), so the ratio uses rounds 2.. ("steady"); startup is shown apart.
 
-- local: ``run_local``, clients one after another in this process;
+- local: ``run_experiment`` (backend local), clients one after another in this process;
 - flower simulation: ``run_flower`` (Ray), default = as many ClientApps at once as cores, and with one Ray
   CPU (one ClientApp at a time: the same sequential compute as local, so the ratio is pure overhead);
 - flower deployment: a SuperLink and ``--nodes`` SuperNodes on 127.0.0.1 with long-lived ClientApp workers
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from fedpcd.engine.simulation import run_local
+from fedpcd.backends import run_experiment
 from fedpcd.resolve import load_config
 
 
@@ -81,8 +81,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from fedpcd.flower import run_flower
+    from fedpcd.engine import Run
     from fedpcd.flower.deploy import LoopbackDeployment
+    from fedpcd.flower.simulation import run_flower
 
     base = [
         "seed=0",
@@ -100,7 +101,7 @@ def main() -> None:
     def local(tag: str, clients: int) -> Path:
         d = out / tag
         t0 = time.perf_counter()
-        run_local(load_config(None, base + [f"clients={clients}", f"output_dir={d}"]), progress=False)
+        run_experiment(load_config(None, base + [f"clients={clients}", f"output_dir={d}"]), progress=False)
         results.append(_measure("local", clients, d, time.perf_counter() - t0, None))
         return d
 
@@ -112,7 +113,7 @@ def main() -> None:
         d = out / f"sim{i}"
         cfg = load_config(None, base + [f"clients={args.clients}", f"output_dir={d}", "backend=flower"])
         t0 = time.perf_counter()
-        run_flower(cfg, progress=False, num_cpus=cpus)
+        run_flower(Run.create(cfg), progress=False, num_cpus=cpus)
         results.append(_measure(name, args.clients, d, time.perf_counter() - t0, ref))
     if not args.skip_deploy:
         ref2 = local("local-deploy", args.nodes) if args.nodes != args.clients else ref

@@ -39,8 +39,8 @@ from demo_time import cpu_model
 from speed import Setting, measure, register_synthetic32, side_config, train_only
 
 from fedpcd.algorithms import ALGORITHMS
+from fedpcd.backends import run_experiment
 from fedpcd.config import Config
-from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.pool import usable_cores
 from fedpcd.errors import clip

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from fedpcd.engine.simulation import run_local
+from fedpcd.backends import run_experiment
 from fedpcd.resolve import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,8 +40,11 @@ except ImportError:  # code from before fedpcd.resolve
         from fedpcd.config import load_run_config as load
     except ImportError:
         from fedpcd.config import load_config as load
-from fedpcd.engine.simulation import run_local
-run_local(load(sys.argv[1], sys.argv[2:]), progress=False)
+try:  # where the reference chooses the backend
+    from fedpcd.backends import run_experiment as run
+except ImportError:
+    from fedpcd.engine.simulation import run_local as run
+run(load(sys.argv[1], sys.argv[2:]), progress=False)
 """
 
 
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                     out = Path(tmp) / f"new{i}-{workers}"
                     overrides = [f"output_dir={out}", f"engine.workers={workers}", *args.set]
                     t0 = time.perf_counter()
-                    run_local(load_run_config(run / "config.yaml", overrides), progress=False)
+                    run_experiment(load_run_config(run / "config.yaml", overrides), progress=False)
                     got = records(out / "metrics.jsonl")
                     # metrics added since the reference was made are listed, every other one compared
                     added = sorted({k for row in got for k in row} - {k for row in want for k in row})

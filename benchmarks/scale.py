@@ -37,6 +37,7 @@ from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation, global_accuracy, sample_clients
 from fedpcd.engine.state_store import ClientStateStore
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.resolve import load_config
 from fedpcd.run_format import PA_SPLIT
 
@@ -100,7 +101,9 @@ def run_one(args: argparse.Namespace, algorithm_name: str, backend: str, workdir
 
     def one_round(rnd: int, ids: list[int], evaluate: bool) -> list[dict[str, Any]]:
         nonlocal server
-        results = LocalExecutor(fed, states=store).train(algorithm, server, ids, rnd, evaluate)
+        results = LocalExecutor(fed, states=store).train(
+            algorithm, payloads_for(algorithm, server, ids), rnd, evaluate
+        )
         failed = [r for r in results if getattr(r, "error", None) is not None]
         if failed:
             raise RuntimeError(f"client {failed[0].client} failed: {failed[0].error!r}")

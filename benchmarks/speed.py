@@ -62,6 +62,7 @@ from fedpcd.data.datasets import DATASETS
 from fedpcd.data.tensors import Dataset
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import Federation, build_federation, global_accuracy, sample_clients
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
 
@@ -203,7 +204,9 @@ class FederatedRunner:
     def round(self, rnd: int, ids: list[int], evaluate: bool = False) -> float:
         t0 = time.perf_counter()
         executor = LocalExecutor(self.fed, states=self.states)
-        results = executor.train(self.algorithm, self.server, ids, rnd, evaluate)
+        results = executor.train(
+            self.algorithm, payloads_for(self.algorithm, self.server, ids), rnd, evaluate
+        )
         self.server = self.algorithm.aggregate(self.server, [r.update for r in results])
         if evaluate:
             global_accuracy(self.algorithm, self.fed.model_for(0), self.fed, self.server)
@@ -496,7 +499,9 @@ def train_only(fed: Federation, workers: int, rounds: int) -> list[float]:
     try:
         for rnd in range(1, rounds + 1):
             t0 = time.perf_counter()
-            replies = executor.train(algorithm, server, list(range(len(fed.clients))), rnd, evaluate=False)
+            replies = executor.train(
+                algorithm, payloads_for(algorithm, server, list(range(len(fed.clients)))), rnd, evaluate=False
+            )
             server = algorithm.aggregate(server, [r.update for r in replies])
             times.append(time.perf_counter() - t0)
     finally:
@@ -507,9 +512,9 @@ def train_only(fed: Federation, workers: int, rounds: int) -> list[float]:
 def end_to_end(
     fraction: float, rounds: int, workers: int, executor: str, personal_test: str
 ) -> dict[str, Any]:
-    """One ``run_local`` run (evaluation every round): each round's wall time (the pool starts in the first)
+    """One local run (evaluation every round): each round's wall time (the pool starts in the first)
     and the peak memory of its processes."""
-    from fedpcd.engine.simulation import run_local
+    from fedpcd.backends import run_experiment
 
     with tempfile.TemporaryDirectory() as tmp:
         config = side_config(
@@ -521,7 +526,7 @@ def end_to_end(
             f"personal_test={personal_test}",
         )
         with PeakMemory() as memory:
-            run_local(config, progress=False)
+            run_experiment(config, progress=False)
         with open(f"{tmp}/run/metrics.jsonl") as fh:
             walls = [json.loads(line)["wall_s"] for line in fh]
     return {"rounds_s": walls, "peak_pss_mb": memory.peak}

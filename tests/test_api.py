@@ -16,8 +16,9 @@ from pydantic import Field
 
 import fedpcd
 from conftest import requires_fmnist, run_records, run_summary
-from fedpcd.api import _block, report, sweep
+from fedpcd.api import report, sweep
 from fedpcd.cli import main
+from fedpcd.components import _block
 from fedpcd.config_identity import flatten
 from fedpcd.data.datasets import load_dataset
 from fedpcd.data.partition import PARTITIONERS, make_partition

@@ -22,8 +22,8 @@ from torch import nn
 from conftest import requires_fmnist, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ALGORITHMS, ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedbn import BN_MODELS, batchnorm_keys
+from fedpcd.backends import run_experiment
 from fedpcd.cli import main
-from fedpcd.engine import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.models import MODELS, build_model
 from fedpcd.resolve import load_config

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from fedpcd.engine.simulation import run_local
+from fedpcd.backends import run_experiment
 from fedpcd.report.document import write_report
 from fedpcd.resolve import load_config
 from fedpcd.run_format import (
@@ -35,7 +35,7 @@ def test_same_code_needs_the_same_commit_and_results_number():
 def test_a_run_records_its_code_and_the_report_flags_pairs_made_by_different_code(tmp_path):
     for name in ("fedavg", "fedprox"):
         args = [*SMALL, f"algorithm.name={name}", f"output_dir={tmp_path / name}"]
-        run_local(load_config(None, args), progress=False)
+        run_experiment(load_config(None, args), progress=False)
     code = json.loads((tmp_path / "fedavg" / "summary.json").read_text())[CODE]
     assert code == code_version() and code["results"] == RESULTS_VERSION
     assert code["commit"] is None or re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", code["commit"])

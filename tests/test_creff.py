@@ -24,7 +24,7 @@ from fedpcd.algorithms.creff import (
     retrain_classifier,
 )
 from fedpcd.algorithms.statedict import weighted_average
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.models import backbone_keys, build_model, head_keys
 from fedpcd.resolve import config_from_dict
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from fedpcd.backends import run_experiment
 from fedpcd.cli import main
-from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation, resolve_device, to_device
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config

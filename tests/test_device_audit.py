@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 import fedpcd
 from fedpcd.algorithms import ALGORITHMS
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.resolve import load_config
 
 SRC = os.path.dirname(fedpcd.__file__) + os.sep

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import SMALL_EVERY_METRIC, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import ditto as ditto_module
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.resolve import load_config
 

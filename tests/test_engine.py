@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from conftest import requires_fmnist, run_records
 from fedpcd import seeds
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.federation import build_federation, sample_clients
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
@@ -117,7 +117,7 @@ def test_resume_continues_to_identical_metrics(tmp_path, monkeypatch):
     monkeypatch.setattr(RunDir, "append", original)
     assert not (tmp_path / "cut" / "summary.json").exists()
 
-    from fedpcd.engine import resume_run
+    from fedpcd.backends import resume_run
 
     resume_run(tmp_path / "cut", progress=False)
     assert run_records(tmp_path / "cut") == run_records(tmp_path / "full")
@@ -219,7 +219,7 @@ def test_the_engine_reads_no_reply_field_by_a_string_literal():
 
 
 def test_a_resume_says_the_round_it_continues_from(tmp_path, capsys):
-    from fedpcd.engine.simulation import resume_run
+    from fedpcd.backends import resume_run
 
     out = tmp_path / "run"
     run_experiment(load_config(None, [*SMALL, "clients=2", "rounds=2", f"output_dir={out}"]), progress=False)
@@ -228,3 +228,33 @@ def test_a_resume_says_the_round_it_continues_from(tmp_path, capsys):
     capsys.readouterr()
     resume_run(out, progress=True, allow_changes=["rounds"])
     assert f"fedpcd: resuming {out} from round 2 of 3" in capsys.readouterr().err
+
+
+def test_the_engine_imports_no_backend_and_no_tracker():
+    """The engine is below the backends: no module of fedpcd.engine imports Flower, the trackers, or what
+    chooses the backend and builds the observers (function-level imports included)."""
+    from test_import_graph import import_graph
+
+    above = ("fedpcd.flower", "fedpcd.trackers", "fedpcd.backends", "fedpcd.observers", "fedpcd.api")
+    graph = import_graph()
+    found = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module == "fedpcd.engine" or module.startswith("fedpcd.engine.")
+        for target in targets
+        if target.startswith(above)
+    ]
+    assert not found, found
+
+
+def test_the_update_policy_has_one_home():
+    """Which side clips, what a divergence under ``drop`` does and when a stored state is kept are decided in
+    engine/update_policy.py only: no other engine or Flower module reads those settings."""
+    src = Path(__file__).resolve().parents[1] / "src" / "fedpcd"
+    found = [
+        f"{path.relative_to(src)}"
+        for path in [*(src / "engine").rglob("*.py"), *(src / "flower").rglob("*.py")]
+        if path.name not in ("update_policy.py", "guard.py")
+        and ('clipping == "client"' in path.read_text() or 'on_divergence == "drop"' in path.read_text())
+    ]
+    assert not found, found

@@ -14,7 +14,7 @@ from conftest import HETERO_MODELS, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fd import FD, logit_kl
 from fedpcd.algorithms.statedict import tensor_bytes
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.resolve import load_config
 

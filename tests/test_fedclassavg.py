@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from conftest import HETERO_MODELS, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedclassavg import FedClassAvg, classifier_proximal, supcon_loss
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.models import head_keys
 from fedpcd.resolve import load_config

@@ -15,7 +15,7 @@ from fedpcd.algorithms import ALGORITHMS, Context, LocalWork, build_algorithm
 from fedpcd.algorithms.context import ClientData
 from fedpcd.algorithms.fedgela import FedGE, FedGELA, adaptation, simplex_etf
 from fedpcd.algorithms.statedict import weighted_average
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError
 from fedpcd.models import FedModel, backbone_keys, head_keys

@@ -22,7 +22,7 @@ from fedpcd.algorithms.fedkd import (
     svd_reconstruct,
 )
 from fedpcd.algorithms.statedict import tensor_bytes
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.models import build_model

@@ -12,7 +12,7 @@ from conftest import local_work, tiny_client
 from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
 from fedpcd.algorithms.common import aggregate_prototypes, raw_class_means
 from fedpcd.algorithms.fedmr import inter_class_loss, intra_class_loss, negative_mask
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.models import build_model
 from fedpcd.resolve import load_config
 

@@ -18,7 +18,7 @@ from fedpcd.algorithms.fednh import (
     init_prototypes,
     max_pairwise_cosine,
 )
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys, build_model, head_keys
 from fedpcd.resolve import load_config

@@ -15,7 +15,7 @@ from conftest import HETERO_MODELS, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, FedAvg, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedproto import FedProto, NearestPrototype, prototype_mse
 from fedpcd.algorithms.statedict import tensor_bytes
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.metrics import predict
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError

@@ -25,8 +25,8 @@ from fedpcd.algorithms.fedsc import (
     select_neighbors,
     u_normaliser,
 )
+from fedpcd.backends import run_experiment
 from fedpcd.data.partition import make_partition, nid2
-from fedpcd.engine import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
 from fedpcd.resolve import load_config

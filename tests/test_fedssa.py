@@ -12,7 +12,7 @@ import torch
 from conftest import HETERO_MODELS, seeded, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fedssa import per_class_mean, stabilisation_weight
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError

@@ -33,14 +33,15 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from conftest import assert_same_backend_run, run_records  # noqa: E402
 from fedpcd.algorithms import ALGORITHMS, FedAvg  # noqa: E402
-from fedpcd.engine.simulation import run_local  # noqa: E402
+from fedpcd.backends import run_experiment  # noqa: E402
+from fedpcd.engine.tasks import payloads_for  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
-from fedpcd.flower import records  # noqa: E402
+from fedpcd.flower import codec  # noqa: E402
 from fedpcd.flower.client_app import app as client_app  # noqa: E402
 from fedpcd.flower.discovery import discover, federation_size, fit_to_federation  # noqa: E402
 from fedpcd.flower.protocol import GET_STATE, STATE, TASK, raise_for_error, tag_user_error  # noqa: E402
 from fedpcd.flower.server_app import config_from_run_config, serve  # noqa: E402
-from fedpcd.resolve import load_config  # noqa: E402
+from fedpcd.resolve import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
@@ -155,7 +156,7 @@ def test_strategy_with_per_client_payloads_and_client_state_matches_local(
     ]
     local = load_config(None, args + [f"output_dir={tmp_path / 'local'}"])
     flower = load_config(None, args + [f"output_dir={tmp_path / 'flower'}", "backend=flower"])
-    run_local(local, progress=False)
+    run_experiment(local, progress=False)
     grid = InProcessGrid(_nodes(4))
     summary = serve(grid, flower, node_timeout=5)
     assert_same_backend_run(tmp_path / "local", tmp_path / "flower")
@@ -165,7 +166,7 @@ def test_strategy_with_per_client_payloads_and_client_state_matches_local(
     expected = torch.load(tmp_path / "local" / "checkpoint" / "state.pt", weights_only=False)["client_states"]
     by_partition = {int(c.node_config["partition-id"]): c for c in grid.contexts.values()}
     for k, want in expected.items():
-        got = records.get(by_partition[k].state, STATE)
+        got = codec.get(by_partition[k].state, STATE)
         assert got["calls"] == want["calls"] and got["none"] is None
         assert torch.equal(got["scale"], want["scale"])
         assert all(torch.equal(got["head"][n], t) for n, t in want["head"].items())
@@ -199,7 +200,7 @@ def test_a_flower_run_killed_after_round_2_resumes_on_flower_to_the_uninterrupte
     """The server dies during round 3; the resume starts new nodes (empty states): the checkpoint's client
     states are sent back to them and the run ends with the local backend's (= uninterrupted) metrics."""
     args = SMALL + ["clients=4", "rounds=5", "participation=0.75", "seed=4", f"algorithm.name={name}"]
-    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
     with pytest.raises(KeyboardInterrupt):
         serve(KilledGrid(_nodes(4), kill_at=3), flower, node_timeout=5)
@@ -234,7 +235,7 @@ def test_a_checkpoint_without_every_client_state_is_skipped_with_a_warning(
     """A node that does not answer the state query of round 2: that checkpoint is skipped (one warning
     naming the client), the run goes on to the local backend's numbers and the last checkpoint is complete."""
     args = SMALL + ["clients=3", "rounds=3", "seed=6", f"algorithm.name={stateful_probe}"]
-    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
     capsys.readouterr()
     serve(DeafGrid(_nodes(3), deaf_at=2), flower, node_timeout=5, round_timeout=1)
@@ -266,7 +267,7 @@ def test_a_checkpoint_fetches_only_the_states_of_the_clients_trained_since_the_l
     the checkpoints equal the local backend's."""
     args = SMALL + ["clients=4", "rounds=3", "participation=0.5", "seed=7"]
     args += [f"algorithm.name={stateful_probe}"]
-    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     grid = StateQueryLog(_nodes(4))
     serve(grid, load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"]), node_timeout=5)
     assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
@@ -281,7 +282,7 @@ def test_differential_privacy_gives_the_local_numbers_through_flower(tmp_path, s
     """Clipping in the ClientApp (or the ServerApp) and the seeded noise: the local backend's numbers."""
     args = SMALL + ["clients=3", "rounds=2", "privacy.clip=0.05", "privacy.noise_multiplier=0.5"]
     args += [f"privacy.clipping={side}"]
-    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
     serve(InProcessGrid(_nodes(3)), flower, node_timeout=5)
     assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
@@ -297,7 +298,9 @@ def _round_one_replies(args: list[str]) -> tuple[list, int]:
     fed = build_federation(load_config(None, args))
     algorithm = fed.new_algorithm()
     server = algorithm.init_server(fed.model_for(0, fresh=True))
-    results = LocalExecutor(fed).train(algorithm, server, list(range(len(fed.clients))), 1, False)
+    results = LocalExecutor(fed).train(
+        algorithm, payloads_for(algorithm, server, list(range(len(fed.clients)))), 1, False
+    )
     return [r.update for r in results], max(c.num_samples for c in fed.clients)
 
 
@@ -454,7 +457,7 @@ def test_every_registered_algorithm_gives_the_local_numbers_through_flower(tmp_p
     """The adapter is generic: each algorithm's payloads, replies and client states survive the records."""
     args = SMALL + ["clients=4", "rounds=3", "participation=0.75", "seed=2", f"algorithm.name={name}"]
     args += EXTRA.get(name, [])
-    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
     serve(InProcessGrid(_nodes(4)), flower, node_timeout=5)
     assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
@@ -471,7 +474,7 @@ def test_model_heterogeneous_fedssa_gives_the_local_numbers_through_flower(tmp_p
         "participation=0.6",
         "algorithm.name=fedssa",
     ]
-    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
     serve(InProcessGrid(_nodes(5)), flower)
     assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
@@ -479,7 +482,7 @@ def test_model_heterogeneous_fedssa_gives_the_local_numbers_through_flower(tmp_p
 
 def test_fedavg_strategy_writes_the_local_checkpoint(tmp_path, task_identity):
     args = SMALL + ["clients=3", "rounds=2", "seed=1"]
-    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     serve(
         InProcessGrid(_nodes(3, with_count=False)),
         load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"]),
@@ -592,7 +595,7 @@ def test_a_failing_clientapp_is_left_out_as_in_the_local_backend(
 ):
     _fail_client(monkeypatch, client=2, rnd=2)
     args = SMALL + ["clients=3", "rounds=3", "seed=1", "engine.executor=sequential"]
-    run_local(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
     serve(
         InProcessGrid(_nodes(3)),
         load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"]),
@@ -633,6 +636,7 @@ def test_the_client_app_and_the_worker_pool_run_the_one_client_update(tmp_path, 
 
     from fedpcd.engine import client_update, pool
     from fedpcd.engine.federation import build_federation
+    from fedpcd.engine.tasks import ClientTask
 
     trained: list[int] = []
     real = client_update.local_step
@@ -652,6 +656,6 @@ def test_the_client_app_and_the_worker_pool_run_the_one_client_update(tmp_path, 
     monkeypatch.setattr(pool, "_FEDERATION", fed)
     algorithm = fed.new_algorithm()
     server = algorithm.init_server(fed.model_for(0, fresh=True))
-    tasks = list(client_update.make_tasks(algorithm, server, [0, 1, 2], 1, {}, False, True))
+    tasks = [ClientTask(1, k, algorithm.payload_for(server, k), None, False) for k in range(3)]
     replies = pickle.loads(pool._work(pickle.dumps(algorithm), pickle.dumps(tasks)))
     assert sorted(trained) == [0, 1, 2] and [r.client for r in replies] == [0, 1, 2]

@@ -24,9 +24,9 @@ import torch
 pytest.importorskip("flwr")
 
 from conftest import assert_same_backend_run, requires_fmnist  # noqa: E402
-from fedpcd.engine.simulation import run_local  # noqa: E402
+from fedpcd.backends import run_experiment  # noqa: E402
 from fedpcd.flower import procs  # noqa: E402
-from fedpcd.resolve import load_config  # noqa: E402
+from fedpcd.resolve import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 HOME_FLWR_EXISTED = (Path.home() / ".flwr").exists()
@@ -112,7 +112,8 @@ def flower_tmp_env(tmp_path, monkeypatch):
 def test_flower_simulation_equals_local_backend(flower_tmp_env, algorithm):
     """Acceptance: FedAvg and FedNH (server prototypes in every payload), 4 clients, 2 rounds on
     Fashion-MNIST; Flower's simulation == local, bitwise."""
-    from fedpcd.flower import run_flower
+    from fedpcd.engine import Run
+    from fedpcd.flower.simulation import run_flower
 
     tmp = flower_tmp_env
     args = [
@@ -124,10 +125,10 @@ def test_flower_simulation_equals_local_backend(flower_tmp_env, algorithm):
         "seed=0",
         "engine.threads=1",
     ]
-    run_local(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
     cfg = load_config(None, args + [f"output_dir={tmp / 'flower'}", "backend=flower"])
     with SocketWatch() as watch:
-        summary = run_flower(cfg, progress=False)
+        summary = run_flower(Run.create(cfg), progress=False)
     assert_same_backend_run(tmp / "local", tmp / "flower")
     assert summary["rounds"] == 2 and summary["final"]["global_acc"] is not None
     a = torch.load(tmp / "local" / "checkpoint" / "state.pt", weights_only=False)["server"]["model"]
@@ -149,7 +150,7 @@ def test_deployment_two_supernodes_on_loopback_completes_and_stops(flower_tmp_en
 
     tmp = flower_tmp_env
     args = SMALL + ["clients=2", "rounds=2", "seed=4"]
-    run_local(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp / 'local'}"]), progress=False)
     cfg = load_config(None, args + [f"output_dir={tmp / 'deployed'}"])
     with SocketWatch() as watch:
         dep = LoopbackDeployment(2, workdir=tmp / "deploy", cwd=tmp)
@@ -273,5 +274,5 @@ def test_a_sigkilled_flower_run_leaves_no_ray_process_and_resumes_on_flower(flow
     assert resumed.wait(timeout=240) == 0, _stderr(flower_tmp_env)
     local = flower_tmp_env / "local"
     args = [*data, "clients=2", "rounds=5", f"output_dir={local}"]
-    run_local(load_config(None, args), progress=False)
+    run_experiment(load_config(None, args), progress=False)
     assert_same_backend_run(local, out)

@@ -13,7 +13,7 @@ from conftest import CNN5_SYNTHETIC16, HETERO_MODELS, seeded, tiny_client
 from fedpcd.algorithms import Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.fml import kl_divergence, mutual_losses
 from fedpcd.algorithms.statedict import tensor_bytes
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import UserError
 from fedpcd.models import build_model

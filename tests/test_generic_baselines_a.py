@@ -20,7 +20,7 @@ from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, bui
 from fedpcd.algorithms.common import local_steps
 from fedpcd.algorithms.fednova import effective_steps
 from fedpcd.algorithms.scaffold import Scaffold, option_two_control
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
 

@@ -25,7 +25,7 @@ from fedpcd.algorithms.fedntd import FedNTD, not_true_logits, ntd_loss
 from fedpcd.algorithms.fedproc import FedProc, prototype_contrastive_loss
 from fedpcd.algorithms.fedrs import FedRS, class_scales
 from fedpcd.algorithms.moon import MOON, model_contrastive_loss
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.errors import UserError
 from fedpcd.models import FedModel, build_model
 from fedpcd.resolve import load_config

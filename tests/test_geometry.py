@@ -9,8 +9,8 @@ import torch
 
 from fedpcd.algorithms.fedgela import simplex_etf
 from fedpcd.algorithms.readout import feature_map
+from fedpcd.backends import run_experiment
 from fedpcd.cli import main
-from fedpcd.engine import run_experiment
 from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError
 from fedpcd.report import load_runs, report_table

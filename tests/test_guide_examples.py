@@ -26,11 +26,12 @@ from conftest import run_records
 from fedpcd.algorithms import ALGORITHMS, Algorithm
 from fedpcd.algorithms.common import local_steps
 from fedpcd.algorithms.statedict import clone_state, tensor_bytes
+from fedpcd.backends import run_experiment
 from fedpcd.cli import main
-from fedpcd.engine import run_experiment
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.rundir import RunDir
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.engine.vectorized import blocker
 from fedpcd.models import backbone_keys, head_keys
 from fedpcd.resolve import load_config
@@ -280,7 +281,9 @@ def test_guide_per_keeps_the_head_on_the_client(guide, tmp_path):
     for rnd in (1, 2):
         for k in range(3):
             assert set(algorithm.payload_for(server, k)["model"]) == body  # nothing of a head goes down
-        results = LocalExecutor(fed, states=states).train(algorithm, server, [0, 1, 2], rnd, evaluate=True)
+        results = LocalExecutor(fed, states=states).train(
+            algorithm, payloads_for(algorithm, server, [0, 1, 2]), rnd, evaluate=True
+        )
         for r in results:
             assert r.error is None, r.error
             assert set(r.update["model"]) == body  # nor up

@@ -18,10 +18,10 @@ import torch
 import yaml
 
 from conftest import run_records
+from fedpcd.backends import run_experiment
 from fedpcd.cli import main
 from fedpcd.config_identity import canonical_config, config_yaml
 from fedpcd.data.datasets import load_dataset
-from fedpcd.engine import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.state_store import ClientStateStore
 from fedpcd.errors import UserError

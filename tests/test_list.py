@@ -11,8 +11,9 @@ from pydantic import Field
 
 import fedpcd
 from fedpcd.algorithms import ALGORITHMS
-from fedpcd.api import _citation, describe
+from fedpcd.api import describe
 from fedpcd.cli import main
+from fedpcd.components import _citation
 from fedpcd.data.datasets import DATASETS
 from fedpcd.data.partition import PARTITIONERS
 from fedpcd.models import MODELS

@@ -17,6 +17,7 @@ from torch import nn
 from fedpcd.algorithms import ALGORITHMS, FedAvg, LocalWork
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation, global_evaluation
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.resolve import load_config
 
 SMALL = [
@@ -101,7 +102,9 @@ def test_a_round_leaves_the_algorithm_object_unchanged(name: str, variant: list[
         before = _snapshot(algorithm)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the vectorized executor's fall-back notice
-            results = LocalExecutor(fed, states=states).train(algorithm, server, ids, rnd, True)
+            results = LocalExecutor(fed, states=states).train(
+                algorithm, payloads_for(algorithm, server, ids), rnd, True
+            )
         assert all(r.error is None for r in results), [r.error for r in results]
         assert not _changed(before, _snapshot(algorithm)), f"a client update changed {name}'s attributes"
         server = algorithm.aggregate(server, [r.update for r in results])

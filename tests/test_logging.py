@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from fedpcd.engine.simulation import resume_run, run_local
+from fedpcd.backends import resume_run, run_experiment
 from fedpcd.errors import UserError
 from fedpcd.logs import LOGGER, run_log, setup
 from fedpcd.resolve import load_config
@@ -109,14 +109,14 @@ def test_run_log_never_writes_through_a_link(tmp_path, capsys):
         pass
     config = load_config(None, [*TINY, "rounds=1", f"output_dir={out}"])
     with pytest.raises(UserError, match=f"^{re.escape(str(out / 'run.log'))} is a symbolic link"):
-        run_local(config, progress=False)
+        run_experiment(config, progress=False)
     assert target.read_text() == "precious\n" and not RunFiles(out).config.exists()
 
 
 def test_a_local_run_and_its_resume_write_run_log(tmp_path, capsys):
     out = tmp_path / "run"
     config = load_config(None, [*TINY, "rounds=2", "eval_every=1", f"output_dir={out}"])
-    run_local(config, progress=False)
+    run_experiment(config, progress=False)
     assert capsys.readouterr().err == ""  # verbosity 0, no progress: nothing on stderr
     text = (out / "config.yaml").read_text().replace("rounds: 2", "rounds: 3")
     (out / "config.yaml").write_text(text)
@@ -136,9 +136,9 @@ def test_run_log_left_by_a_run_stopped_before_its_files_is_not_foreign(tmp_path)
     bad.dataset.root = str(tmp_path / "nowhere")
     bad.dataset.download = False
     with pytest.raises(UserError):
-        run_local(bad, progress=False)
+        run_experiment(bad, progress=False)
     assert sorted(p.name for p in out.iterdir()) == [".lock", "run.log"]
-    run_local(load_config(None, [*TINY, "rounds=1", f"output_dir={out}"]), progress=False)
+    run_experiment(load_config(None, [*TINY, "rounds=1", f"output_dir={out}"]), progress=False)
     assert RunFiles(out).summary.exists()
     assert [m for level, m in log_lines(RunFiles(out).run_log) if level == "ERROR"][0].startswith("stopped: ")
 
@@ -147,10 +147,12 @@ def test_run_log_left_by_a_run_stopped_before_its_files_is_not_foreign(tmp_path)
 def test_a_flower_simulation_writes_run_log_once(tmp_path):
     """run_flower holds the run directory and its ServerApp thread opens it again: one set of lines."""
     pytest.importorskip("flwr")
-    from fedpcd.flower import run_flower
+    from fedpcd.engine import Run
+    from fedpcd.flower.simulation import run_flower
 
     out = tmp_path / "fl"
-    run_flower(load_config(None, [*TINY, "rounds=2", "backend=flower", f"output_dir={out}"]), progress=False)
+    config = load_config(None, [*TINY, "rounds=2", "backend=flower", f"output_dir={out}"])
+    run_flower(Run.create(config), progress=False)
     messages = [m for _, m in log_lines(RunFiles(out).run_log)]
     assert [m for m in messages if m.startswith("round ") and "GA=" in m][0].startswith("round 1: GA=")
     assert sum(m.startswith("round ") and "GA=" in m for m in messages) == 2

@@ -30,11 +30,11 @@ import yaml
 from conftest import FMNIST_DIR, requires_fmnist
 from dataset_files import make_cifar, make_svhn, write_idx
 from dataset_files_more import make_femnist, make_isic, make_shakespeare, make_tiny
+from fedpcd.backends import run_experiment
 from fedpcd.config import Config
 from fedpcd.data.datasets import load_dataset
 from fedpcd.data.files import SKIP_CHECKSUMS_VAR
 from fedpcd.data.tensors import stratified_subset
-from fedpcd.engine import run_experiment
 from fedpcd.resolve import config_from_dict
 from fedpcd.sweep import expand_sweep
 

@@ -20,7 +20,7 @@ from fedpcd.algorithms import fedrep as fedrep_module
 from fedpcd.algorithms.common import balanced_softmax_loss, log_prior
 from fedpcd.algorithms.contract import train_loop
 from fedpcd.algorithms.statedict import tensor_bytes
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.models import backbone_keys, head_keys
 from fedpcd.resolve import load_config
 

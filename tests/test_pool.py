@@ -18,9 +18,9 @@ import pytest
 
 from conftest import HETERO_MODELS, requires_fmnist, run_records
 from fedpcd.algorithms import ALGORITHMS, FedAvg
+from fedpcd.backends import resume_run, run_experiment
 from fedpcd.engine import pool
 from fedpcd.engine.federation import build_federation
-from fedpcd.engine.simulation import resume_run, run_local
 from fedpcd.resolve import load_config
 
 FMNIST = [
@@ -60,7 +60,9 @@ def failing():
 
 def _run(tmp_path: Path, name: str, workers: int, args: list[str]) -> list[dict]:
     out = tmp_path / f"{name}-w{workers}"
-    run_local(load_config(None, [*args, f"engine.workers={workers}", f"output_dir={out}"]), progress=False)
+    run_experiment(
+        load_config(None, [*args, f"engine.workers={workers}", f"output_dir={out}"]), progress=False
+    )
     return run_records(out)
 
 
@@ -152,7 +154,7 @@ def test_kill_9_then_resume_with_workers_2_matches_the_uninterrupted_run(tmp_pat
     assert not alive, f"worker processes {[p.pid for p in alive]} outlived their killed parent"
     resume_run(out, progress=False)
     ref = tmp_path / "ref"
-    run_local(load_config(None, [*args[:-1], "engine.workers=1", f"output_dir={ref}"]), progress=False)
+    run_experiment(load_config(None, [*args[:-1], "engine.workers=1", f"output_dir={ref}"]), progress=False)
     assert run_records(out) == run_records(ref)
     assert len(json.loads((out / "summary.json").read_text())["final"]) > 0
 

@@ -14,6 +14,7 @@ import yaml
 
 from conftest import run_records, run_summary
 from fedpcd.algorithms import ALGORITHMS, FedAvg, build_algorithm
+from fedpcd.backends import run_experiment
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.privacy import (
@@ -26,7 +27,7 @@ from fedpcd.engine.privacy import (
     mechanisms,
     uncovered,
 )
-from fedpcd.engine.simulation import run_local
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
 
@@ -103,9 +104,9 @@ def _server_model(run_dir):
 
 def test_a_dp_run_adds_exactly_the_seeded_noise_to_the_aggregate_and_records_its_parameters(tmp_path):
     args = SMALL + ["rounds=1", "privacy.clip=0.5"]
-    run_local(load_config(None, args + [f"output_dir={tmp_path / 'clip'}"]), progress=False)
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'clip'}"]), progress=False)
     noisy_cfg = load_config(None, args + ["privacy.noise_multiplier=1.5", f"output_dir={tmp_path / 'dp'}"])
-    run_local(noisy_cfg, progress=False)
+    run_experiment(noisy_cfg, progress=False)
     clip_only, dp = _server_model(tmp_path / "clip"), _server_model(tmp_path / "dp")
     expected = add_noise({"model": clip_only}, noisy_cfg, rnd=1, kept=4)["model"]
     for k, v in dp.items():  # the same clipped aggregate, plus the round's noise draw
@@ -129,7 +130,7 @@ def test_a_dp_run_adds_exactly_the_seeded_noise_to_the_aggregate_and_records_its
 def test_client_and_server_clipping_give_the_same_run_and_a_tight_bound_clips_every_update(tmp_path):
     args = SMALL + ["rounds=2", "privacy.clip=0.05", "privacy.noise_multiplier=0.3"]
     for side in ("client", "server"):
-        run_local(
+        run_experiment(
             load_config(None, args + [f"privacy.clipping={side}", f"output_dir={tmp_path / side}"]),
             progress=False,
         )
@@ -137,7 +138,7 @@ def test_client_and_server_clipping_give_the_same_run_and_a_tight_bound_clips_ev
     assert client == server
     assert [r["dp_clipped"] for r in client] == [4, 4]
     plain = tmp_path / "plain"
-    run_local(load_config(None, SMALL + ["rounds=2", f"output_dir={plain}"]), progress=False)
+    run_experiment(load_config(None, SMALL + ["rounds=2", f"output_dir={plain}"]), progress=False)
     assert "dp_clipped" not in run_records(plain)[0]
     assert run_records(plain)[-1]["global_acc"] != client[-1]["global_acc"]
 
@@ -190,7 +191,7 @@ def test_epsilon_grows_with_rounds_and_shrinks_with_noise_and_sampling():
 
 def test_a_dp_run_reports_an_increasing_epsilon_each_evaluated_round_and_in_the_summary(tmp_path):
     args = SMALL + ["rounds=3", "participation=0.5", "privacy.clip=0.5", "privacy.noise_multiplier=1"]
-    run_local(load_config(None, args + ["privacy.delta=1e-4", f"output_dir={tmp_path}"]), progress=False)
+    run_experiment(load_config(None, args + ["privacy.delta=1e-4", f"output_dir={tmp_path}"]), progress=False)
     got = [r["dp_epsilon"] for r in run_records(tmp_path)]
     assert got == [epsilon(4, 2, 1.0, r, 1e-4) for r in (1, 2, 3)]
     assert 0 < got[0] < got[1] < got[2]
@@ -247,7 +248,9 @@ def test_every_algorithm_declares_what_it_uploads_and_keeps_beyond_the_model(nam
     initial = dict(server.get("initial", {}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = LocalExecutor(fed, states={}).train(algorithm, server, [0, 1, 2], 1, False)
+        results = LocalExecutor(fed, states={}).train(
+            algorithm, payloads_for(algorithm, server, [0, 1, 2]), 1, False
+        )
     assert all(r.error is None for r in results), [r.error for r in results]
     extra = {k for r in results for k in r.update} - set(COVERED)
     assert extra <= set(cls.extra_uploads), f"{name} uploads {sorted(extra)}, declares {cls.extra_uploads}"
@@ -269,7 +272,7 @@ def test_under_dp_every_algorithm_runs_covered_or_is_refused_in_one_line(name, t
     why = uncovered(ALGORITHMS.get(name))
     if why is None:
         check_privacy(config)
-        run_local(config, progress=False)
+        run_experiment(config, progress=False)
         (record,) = run_records(tmp_path / name)
         count = mechanisms(build_algorithm(name, config.algorithm.params()))
         assert record["dp_epsilon"] == epsilon(3, 3, 1.0, 1, 1e-5, count) and 0 <= record["dp_clipped"] <= 3
@@ -279,6 +282,6 @@ def test_under_dp_every_algorithm_runs_covered_or_is_refused_in_one_line(name, t
         check_privacy(config)
     assert all(k in str(err.value) for k in declared)
     with pytest.raises(UserError, match=f"algorithm {name!r} (also uploads|keeps) ") as run_err:
-        run_local(config, progress=False)  # what the run's first client sent
+        run_experiment(config, progress=False)  # what the run's first client sent
     for message in (str(err.value), str(run_err.value)):
         assert "\n" not in message and "choose one of: " in message and "fedavg" in message

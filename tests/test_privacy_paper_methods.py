@@ -178,7 +178,7 @@ def test_client_and_server_clipping_give_the_same_fednh_run(tmp_path):
     """The class statistics are bounded by the same function wherever the clipping happens, and noised on
     the server either way: the two runs are bitwise equal but for the bytes uploaded."""
     from conftest import run_records
-    from fedpcd.engine.simulation import run_local
+    from fedpcd.backends import run_experiment
 
     for where in ("client", "server"):
         args = [
@@ -188,7 +188,7 @@ def test_client_and_server_clipping_give_the_same_fednh_run(tmp_path):
             f"privacy.clipping={where}",
             f"output_dir={tmp_path / where}",
         ]
-        run_local(load_config(None, args), progress=False)
+        run_experiment(load_config(None, args), progress=False)
     client, server = run_records(tmp_path / "client"), run_records(tmp_path / "server")
     # a clipping client sends its statistics for all C classes, the server-clipped one as it computed them
     assert all(c.pop("bytes_up") > s.pop("bytes_up") for c, s in zip(client, server, strict=True))

@@ -19,8 +19,8 @@ import torch
 
 from conftest import run_records, run_summary
 from fedpcd.algorithms import ALGORITHMS, FedAvg
+from fedpcd.backends import resume_run, run_experiment
 from fedpcd.cli import main
-from fedpcd.engine import resume_run, run_experiment
 from fedpcd.engine.records import read_records, record_line
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import DivergenceError, UserError
@@ -146,10 +146,10 @@ def test_foreign_checkpoint_never_runs_code(tmp_path, capsys):
     assert "cannot load checkpoint" in err and "never code" in err and "Traceback" not in err
     assert not Path("/tmp/fedpcd-pwned").exists()
     # report --geometry reads checkpoints through the same loader
-    from fedpcd.engine import open_run
+    from fedpcd.engine import load_finished
 
     with pytest.raises(UserError, match="cannot load checkpoint"):
-        open_run(tmp_path / "run")
+        load_finished(tmp_path / "run")
     assert not Path("/tmp/fedpcd-pwned").exists()
 
 

@@ -14,6 +14,7 @@ from fedpcd.algorithms.statedict import coordinate_median, trimmed_mean
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.robust import krum_pick, krum_scores, robust_aggregate, robust_rows
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.resolve import load_config
 
 TINY = [
@@ -29,7 +30,9 @@ def _round(name: str, extra: list[str]):
     server = algorithm.init_server(fed.model_for(0, fresh=True))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = LocalExecutor(fed, states={}).train(algorithm, dict(server), range(5), 1, False)
+        results = LocalExecutor(fed, states={}).train(
+            algorithm, payloads_for(algorithm, dict(server), range(5)), 1, False
+        )
     return config, algorithm, server, [r.update for r in results]
 
 

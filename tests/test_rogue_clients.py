@@ -10,8 +10,9 @@ import torch
 
 from conftest import run_records
 from fedpcd.algorithms import ALGORITHMS, FedAvg
+from fedpcd.backends import run_experiment
 from fedpcd.engine.guard import reply_problem
-from fedpcd.engine.simulation import run_local
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "clients=4", "rounds=3"]
@@ -55,7 +56,7 @@ def rogue():
 
 def _run(tmp_path, name: str, how: str) -> list[dict]:
     out = tmp_path / how
-    run_local(
+    run_experiment(
         load_config(None, [*SMALL, f"algorithm.name={name}", f"algorithm.how={how}", f"output_dir={out}"])
     )
     return run_records(out)
@@ -130,7 +131,10 @@ def test_a_poisoning_client_moves_the_mean_but_not_the_robust_aggregate():
     algorithm = fed.new_algorithm()
     server = algorithm.init_server(fed.model_for(0, fresh=True))
     replies = [
-        r.update for r in LocalExecutor(fed, states={}).train(algorithm, dict(server), range(5), 1, False)
+        r.update
+        for r in LocalExecutor(fed, states={}).train(
+            algorithm, payloads_for(algorithm, dict(server), range(5)), 1, False
+        )
     ]
     honest = torch.stack([r["model"]["head.weight"] for r in replies[1:]])
     replies[0]["model"] = {k: v * 1000 for k, v in replies[0]["model"].items()}  # finite, well-formed

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY_SYNTHETIC, run_records
-from fedpcd.engine import run_experiment
+from fedpcd.backends import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.engine.server_opt import STATE, server_step
 from fedpcd.resolve import load_config
@@ -96,7 +96,7 @@ def test_the_optimizer_state_is_checkpointed_so_a_resumed_run_equals_an_uninterr
     assert state["round"] == 2 and set(state["server"][STATE]) <= set(state["server"]["model"])
     assert all(set(moments) == {"m", "v"} for moments in state["server"][STATE].values())
 
-    from fedpcd.engine import resume_run
+    from fedpcd.backends import resume_run
 
     resume_run(tmp_path / "cut", progress=False)
     assert run_records(tmp_path / "cut") == run_records(tmp_path / "full")

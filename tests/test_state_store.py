@@ -8,6 +8,7 @@ import torch
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.state_store import ClientStateStore, compact, state_store_for
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
 
@@ -94,7 +95,9 @@ def test_disk_store_trains_like_a_dict(tmp_path, algorithm):
         algo = fed.new_algorithm()
         server = algo.init_server(fed.model_for(0, fresh=True))
         for rnd in (1, 2):
-            results = LocalExecutor(fed, states=states).train(algo, server, [0, 2], rnd, evaluate=False)
+            results = LocalExecutor(fed, states=states).train(
+                algo, payloads_for(algo, server, [0, 2]), rnd, evaluate=False
+            )
             server = algo.aggregate(server, [r.update for r in results])
         assert sorted(states) == [0, 2]
         servers.append(server["model"])
@@ -115,9 +118,9 @@ def test_checkpoint_holds_the_store_as_a_plain_dict(store, tmp_path):
 
 
 def test_runs_and_resumes_with_client_states_on_disk(tmp_path):
-    """engine.client_state=disk through run_local: same metrics as memory; resume undoes files written after
-    the checkpoint (the store is replaced by the checkpoint's states)."""
-    from fedpcd.engine import resume_run, run_experiment
+    """engine.client_state=disk through the local backend: same metrics as memory; resume undoes files
+    written after the checkpoint (the store is replaced by the checkpoint's states)."""
+    from fedpcd.backends import resume_run, run_experiment
     from fedpcd.engine.records import read_records
 
     def run(name: str, backend: str) -> list[dict]:

@@ -290,7 +290,7 @@ def test_sweep_groups_its_runs_by_its_name(tmp_path):
 
 
 def test_two_round_run_feeds_every_tracker(tmp_path):
-    from fedpcd.engine import run_experiment
+    from fedpcd.backends import run_experiment
 
     out = tmp_path / "run"
     config = load_config(
@@ -326,7 +326,7 @@ KILLED_RUN = """
 import os, signal, sys
 from fedpcd.resolve import load_config
 from fedpcd.engine.rundir import RunDir
-from fedpcd.engine.simulation import run_local
+from fedpcd.backends import run_experiment
 from fedpcd.trackers import Trackers
 
 where, rnd = sys.argv[1], int(sys.argv[2])
@@ -342,7 +342,7 @@ if where == "trackers.json":
     Trackers._save = kill_when(Trackers._save, lambda t: t._state["wandb"]["last_round"] == rnd)
 else:
     RunDir.save_checkpoint = kill_when(RunDir.save_checkpoint, lambda d, state: state["round"] == rnd)
-run_local(load_config(None, sys.argv[3:]), progress=False)
+run_experiment(load_config(None, sys.argv[3:]), progress=False)
 """
 
 
@@ -352,7 +352,7 @@ def test_wandb_offline_history_after_a_kill_has_each_round_once(tmp_path, monkey
     """Killed between W&B's write of round 2 and the checkpoint of round 2 (before or after trackers.json
     records it), then resumed from round 1's checkpoint: W&B's offline history, read by W&B's own reader,
     holds every round once, in order, with the values of metrics.jsonl."""
-    from fedpcd.engine.simulation import resume_run
+    from fedpcd.backends import resume_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "run"

@@ -24,11 +24,12 @@ from fedpcd.algorithms.fedmr import (
 from fedpcd.algorithms.fedproc import prototype_contrastive_loss
 from fedpcd.algorithms.fedsc import rpcl_loss
 from fedpcd.algorithms.vectorizable import Vectorizable
+from fedpcd.backends import run_experiment
 from fedpcd.data.datasets import load_dataset
-from fedpcd.engine import run_experiment
 from fedpcd.engine.executor import LocalExecutor
 from fedpcd.engine.federation import build_federation
 from fedpcd.engine.metrics import predict
+from fedpcd.engine.tasks import payloads_for
 from fedpcd.models import FedModel, build_model
 from fedpcd.models.fast_convnet import convnet_logits, pool_relu_backward, pool_relu_masks
 from fedpcd.resolve import load_config
@@ -227,7 +228,14 @@ def test_where_the_vectorized_executor_applies_and_auto_stays_sequential(monkeyp
     monkeypatch.setattr(vec, "train_or_none", refuse)
     auto_fed, auto = _federation("engine.executor=auto")
     server = auto.init_server(auto_fed.model_for(0, fresh=True))
-    assert len(LocalExecutor(auto_fed, states={}).train(auto, server, [0, 1], 1, evaluate=False)) == 2
+    assert (
+        len(
+            LocalExecutor(auto_fed, states={}).train(
+                auto, payloads_for(auto, server, [0, 1]), 1, evaluate=False
+            )
+        )
+        == 2
+    )
 
 
 def test_vectorization_is_declared_outside_the_contract():
@@ -244,9 +252,13 @@ def test_uncovered_algorithm_falls_back_to_sequential_with_a_warning():
     server = ditto.init_server(fed.model_for(0, fresh=True))
     vec._WARNED.clear()
     with pytest.warns(UserWarning, match="vectorized executor not used.*not covered"):
-        got = LocalExecutor(fed, states={}).train(ditto, server, [0, 1], 1, evaluate=True)
+        got = LocalExecutor(fed, states={}).train(
+            ditto, payloads_for(ditto, server, [0, 1]), 1, evaluate=True
+        )
     ref_fed, ref_ditto = _federation("algorithm.name=ditto")
-    want = LocalExecutor(ref_fed, states={}).train(ref_ditto, server, [0, 1], 1, evaluate=True)
+    want = LocalExecutor(ref_fed, states={}).train(
+        ref_ditto, payloads_for(ref_ditto, server, [0, 1]), 1, evaluate=True
+    )
     for a, b in zip(got, want, strict=True):
         assert a.metrics == b.metrics and a.update["train_loss"] == b.update["train_loss"]
 
@@ -273,7 +285,9 @@ def test_batchnorm_running_statistics_per_client():
         model = _TinyBN()
         fed._models["simplecnn"] = (model, {k: v.clone() for k, v in model.state_dict().items()})
         server = alg.init_server(fed.model_for(0, fresh=True))
-        results.append(LocalExecutor(fed, states={}).train(alg, server, [0, 1, 2], 1, evaluate=True))
+        results.append(
+            LocalExecutor(fed, states={}).train(alg, payloads_for(alg, server, [0, 1, 2]), 1, evaluate=True)
+        )
     for a, b in zip(*results, strict=True):
         _assert_close(a.update, b.update)
         _assert_close(a.metrics, b.metrics)

@@ -9,18 +9,16 @@ runs = fedpcd.load_runs("runs/")  # every finished run below runs/: one row per 
 parts = fedpcd.partition(labels, "dirichlet", clients=10, seed=0, beta=0.1)
 ```
 
-Each function goes through the code the command line runs (`load_config`, `run_experiment`, `resume_run`,
-`run_sweep`, `write_report`, `make_partition`, the report's run readers, the sweep's index), with the same
-checks: bad input is a `UserError` of one line naming the problem and the valid choices.
+Each function goes through the code the command line runs (`load_config`, `run_experiment` and `resume_run`
+of `fedpcd.backends`, `run_sweep`, `write_report`, `make_partition`, the report's run readers, the sweep's
+index), with the same checks: bad input is a `UserError` of one line naming the problem and the valid choices.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
-import re
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,17 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel
 
-from fedpcd.config import Config, DatasetConfig
-from fedpcd.config_identity import HF_COLUMNS, config_changes, describe_changes, flatten, run_setting
+from fedpcd.components import default_text, describe
+from fedpcd.config import Config
+from fedpcd.config_identity import flatten
 from fedpcd.config_input import apply_overrides, read_yaml
 from fedpcd.config_input import config_path as config_file
-from fedpcd.errors import UserError, clip, close_matches, short
-from fedpcd.params import SECTIONS, param_description, param_spec, type_text
+from fedpcd.errors import UserError, clip, short
 from fedpcd.resolve import config_from_dict, load_run_config
 from fedpcd.run_format import RunFiles
-from fedpcd.utils import plain_text, show_path, text_table
+from fedpcd.utils import show_path
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -123,22 +120,6 @@ def _resolve(config: str | os.PathLike[str] | Config | Mapping[str, Any] | None,
     return config_from_dict(apply_overrides(raw, _nested(overrides)))
 
 
-def _started(config: Config) -> bool:
-    """Whether ``config``'s output_dir holds a started run (its config.yaml or a checkpoint); one made with
-    another config (but for where it lives and who watches it) is a UserError naming the differences."""
-    files = RunFiles(config.output_dir)
-    if not files.config.is_file():
-        return files.checkpoint.exists()  # a checkpoint alone: resume_run says why it cannot go on
-    theirs = load_run_config(files.config, [f"output_dir={files.path}"])
-    changes = config_changes(run_setting(theirs.to_dict()), run_setting(config.to_dict()))
-    if changes:
-        raise UserError(
-            f"output_dir {files.path} holds a run of another config ({describe_changes(changes)}); resume "
-            "continues a run with its own config.yaml: give that config, or set output_dir to a new folder"
-        )
-    return True
-
-
 def run(
     config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None,
     /,
@@ -178,9 +159,10 @@ def run(
         UserError: A bad config or override, an output_dir holding a run (of another config, with
             ``resume``), a run that diverged: one line.
     """
-    from fedpcd.engine import check_record_hook, resume_run, run_experiment
+    from fedpcd.backends import check_round_callback, resume_run, run_experiment
 
     changes: list[str] = []
+    target: Path | Config
     if resume and isinstance(config, (str, os.PathLike)) and Path(config).is_dir():
         if set(overrides) - {"rounds"}:
             raise UserError(
@@ -188,14 +170,14 @@ def run(
                 "(more rounds: the run is extended)"
             )
         changes = _override_items(overrides)
-        out = Path(config)
+        target = out = Path(config)
     else:
-        resolved = _resolve(config, overrides)
-        check_record_hook(resolved, on_round)
-        if not (resume and _started(resolved)):
-            return _result(resolved, run_experiment(resolved, progress=progress, on_record=on_round))
-        out = Path(resolved.output_dir)
-    summary = resume_run(out, progress=progress, on_record=on_round, changes=changes)
+        target = _resolve(config, overrides)
+        check_round_callback(target, on_round)
+        if not resume:
+            return _result(target, run_experiment(target, progress=progress, on_record=on_round))
+        out = Path(target.output_dir)
+    summary = resume_run(target, progress=progress, on_record=on_round, changes=changes)
     return _result(load_run_config(RunFiles(out).config, [f"output_dir={out}"]), summary)
 
 
@@ -220,7 +202,7 @@ def _override_items(overrides: Mapping[str, Any] | None) -> list[str]:
             raise UserError(f"override keys are dotted config keys (text), got {short(key)}")
         value = os.fspath(value) if isinstance(value, os.PathLike) else value
         try:
-            text = _default_text(value)
+            text = default_text(value)
         except yaml.YAMLError:
             raise UserError(f"override {short(key)}: {type(value).__name__} is not a config value") from None
         items.append(f"{key.replace('__', '.')}={text}")
@@ -484,145 +466,3 @@ def partition(
 
     no_test = np.zeros(0, dtype=np.int64)  # the schemes draw before the test split: it cannot change these
     return make_partition(np.asarray(labels), no_test, clients, scheme, params, seed, num_classes).train
-
-
-# ----- describe: `fedpcd list NAME` -----------------------------------------------------------------------
-
-_YEAR = re.compile(r"\b(?:19|20)\d\d\b")
-
-
-def _paragraph(doc: str | None) -> str:
-    """The first paragraph of a docstring on one line, without reST markup (``plain_text``)."""
-    return plain_text(" ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split()))
-
-
-def _citation(text: str) -> str | None:
-    """The first parenthesised part of ``text`` that names a year: ``Fan et al., NeurIPS 2023, "..."``."""
-    depth, start = 0, 0
-    for i, char in enumerate(text):
-        if char == "(":
-            if depth == 0:
-                start = i + 1
-            depth += 1
-        elif char == ")" and depth:
-            depth -= 1
-            if depth == 0 and _YEAR.search(text[start:i]):
-                return text[start:i]
-    return None
-
-
-def _paper(obj: Any) -> str:
-    """A declared ``paper`` attribute, else the citation in the description, else in the first paragraph of
-    the module that defines the component (an algorithm's module opens with its paper)."""
-    declared = getattr(obj, "paper", None)
-    if isinstance(declared, str):
-        return declared
-    module = inspect.getmodule(obj)
-    return (
-        _citation(_paragraph(obj.__doc__)) or _citation(_paragraph(module.__doc__ if module else "")) or "-"
-    )
-
-
-def _default_text(value: Any) -> str:
-    """A default as a config file writes it (YAML flow style): ``null``, ``true``, ``''``, ``{beta: 0.2}``."""
-    return (
-        yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1000)
-        .removesuffix("...\n")
-        .strip()
-    )
-
-
-def _section(name: str) -> type[BaseModel] | None:
-    """The class of the config section ``name`` (``privacy``, ``aggregation``, ``server``, ...), or None."""
-    field_info = Config.model_fields.get(name)
-    section = field_info.annotation if field_info is not None else None
-    return section if isinstance(section, type) and issubclass(section, BaseModel) else None
-
-
-def _section_block(name: str, section: type[BaseModel]) -> str:
-    """What ``fedpcd list SECTION`` prints: the config section's keys, types, defaults and descriptions."""
-    lines = [f"config section {name} ({section.__module__}.{section.__qualname__})"]
-    lines.append(f"description: {_paragraph(section.__doc__)}")
-    rows = [
-        [
-            f"{name}.{key}",
-            type_text(info.annotation),
-            _default_text(info.get_default(call_default_factory=True)),
-            info.description or "-",
-        ]
-        for key, info in section.model_fields.items()
-    ]
-    lines.extend(
-        line.rstrip() for line in text_table(rows, ["key", "type", "default", "description"]).splitlines()
-    )
-    return "\n".join(lines)
-
-
-def _block(kind: str, name: str, obj: Any) -> str:
-    where = f"{obj.__module__}.{obj.__qualname__}"
-    lines = [f"{kind} {name} ({where})", f"paper: {_paper(obj)}", f"description: {_paragraph(obj.__doc__)}"]
-    if kind == "dataset":
-        keys = ", ".join(f"dataset.{k}" for k in DatasetConfig.model_fields if k not in ("name", *HF_COLUMNS))
-        lines.append(f"parameters: none of its own ({keys} apply to every dataset)")
-        return "\n".join(lines)
-    spec = param_spec(kind, name, obj)
-    if not spec.defaults:
-        lines.append("parameters: none")
-        return "\n".join(lines)
-    defaults = spec.validate({})  # as a config gets them (e.g. longtail's ``then`` with its scheme's)
-    rows = [[key, type_text(spec.annotations[key]), _default_text(value)] for key, value in defaults.items()]
-    header = ["parameter", "type", "default"]
-    descriptions = [plain_text(param_description(spec.annotations[key])) for key in defaults]
-    if any(descriptions):  # declared as Field(description=...) in the parameter's annotation
-        header.append("description")
-        rows = [[*row, text or "-"] for row, text in zip(rows, descriptions, strict=True)]
-    if kind == "algorithm":
-        from fedpcd.algorithms.presets import describe_presets
-
-        presets = describe_presets(name)
-        if presets:
-            lines.append("presets (set as algorithm.preset=<name>; a key the config sets wins, warned):")
-            lines.extend(presets)
-    lines.append(f"parameters (set as {SECTIONS[kind]}.<parameter>=<value>):")
-    lines.extend(line.rstrip() for line in text_table(rows, header).splitlines())
-    return "\n".join(lines)
-
-
-def describe(name: str) -> str:
-    """What ``fedpcd list NAME`` prints about a registered component.
-
-    Args:
-        name: An algorithm, model, dataset or partition scheme (a name may be several of them).
-
-    Returns:
-        For each component of that name: its class or function, paper, one-line description, presets and
-            parameters (type, default, and description where the parameter declares one with
-            ``Field(description=...)``), as text.
-
-    Raises:
-        UserError: An unknown name (the line names the near ones, grouped by kind: algorithms, models,
-            datasets, partition schemes, shipped configs).
-    """
-    from fedpcd.catalog import HOMES, catalog, holds, registry
-
-    kinds = [kind for kind in HOMES if holds(kind, name)]
-    if not kinds and _section(name) is not None:
-        return _section_block(name, _section(name))
-    if not kinds:  # answered without importing the components (no torch)
-        raise UserError(_unknown_name(name, [(kind, list(catalog(kind))) for kind in HOMES]))
-    # only the registries that hold the name are imported
-    return "\n\n".join(_block(kind, name, registry(kind).get(name)) for kind in kinds)
-
-
-def _unknown_name(name: str, named: list[tuple[str, list[str]]]) -> str:
-    """The line for a name ``fedpcd list NAME`` does not know: its near names (``close_matches``) grouped by
-    kind (the components' ``named`` (kind, names) and the shipped configs'), or that none is near."""
-    from fedpcd.config_input import shipped_configs
-
-    kinds = [(f"{kind}s", names) for kind, names in named]
-    near = [(kind, close_matches(name, names)) for kind, names in [*kinds, ("configs", shipped_configs())]]
-    groups = "; ".join(f"{kind}: {', '.join(found)}" for kind, found in near if found)
-    where = "`fedpcd list` names every component, `fedpcd list configs` every shipped config"
-    if not groups:
-        return f"unknown name {short(name)}: no component or shipped config has it or a name near it; {where}"
-    return f"unknown name {short(name)}; did you mean {groups}? ({where})"

@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 "--resume takes the run directory and its config.yaml as written; of the overrides only "
                 "rounds=N (more rounds: the run is extended), others with --allow-config-change KEY=VALUE"
             )
-        from fedpcd.engine import resume_run
+        from fedpcd.backends import resume_run
 
         args.resume_hint = f"fedpcd run --resume {args.resume}"
         summary = resume_run(args.resume, progress=not args.quiet, allow_changes=allow, changes=changes)
@@ -70,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         if args.allow_config_change:
             raise UserError("--allow-config-change goes with --resume RUN_DIR")
         config = load_config(args.config, args.overrides)
-        from fedpcd.engine import run_experiment
+        from fedpcd.backends import run_experiment
 
         args.resume_hint = f"fedpcd run --resume {config.output_dir}"
         summary = run_experiment(config, progress=not args.quiet)

@@ -10,8 +10,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedpcd.backends import resume_run, run_experiment
 from fedpcd.config import Config
-from fedpcd.engine import resume_run, run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.report import last_mean, swing
 from fedpcd.resolve import load_config

@@ -192,7 +192,7 @@ SKIP_REASONS = {
 def _run_one(config_data: dict[str, Any], resume: bool) -> tuple[str, float | None, float]:
     """Run or resume one run of the grid: its folder, its summary's wall time (None: another process
     finished it meanwhile) and the seconds it took here (data loading included: what the ETA needs)."""
-    from fedpcd.engine import resume_run, run_experiment
+    from fedpcd.backends import resume_run, run_experiment
     from fedpcd.engine.rundir import refuse_link
 
     t0 = time.perf_counter()

@@ -121,9 +121,18 @@ def check_allowed_changes(keys: Sequence[str]) -> None:
         )
 
 
-def changes_since(old_text: str, config: Config) -> dict[str, tuple[Any, Any]]:
-    """``key: (old, new)`` from a config recorded as canonical JSON (``old_text``) to ``config``."""
-    return config_changes(json.loads(old_text), json.loads(canonical_config(config)))
+def changes_since(old: str | Config, config: Config) -> dict[str, tuple[Any, Any]]:
+    """``key: (old, new)`` between two runs' identities: the one question "is this the same run?" (empty:
+    it is). ``old``: a config, or one recorded as its identity (``canonical_config``: canonical JSON of what
+    a run computes, not where it lives or who watches it)."""
+    text = old if isinstance(old, str) else canonical_config(old)
+    return config_changes(json.loads(text), json.loads(canonical_config(config)))
+
+
+def checkpoint_rounds(checkpoint: dict[str, Any]) -> int | None:
+    """The ``rounds`` of the config a checkpoint was written with (None: a checkpoint without its config)."""
+    text = checkpoint.get("config")
+    return json.loads(text).get("rounds") if isinstance(text, str) else None
 
 
 def check_checkpoint(state: dict[str, Any], run: RunFiles, config: Config, allow: Sequence[str] = ()) -> None:

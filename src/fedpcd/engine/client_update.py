@@ -2,9 +2,9 @@
 
 A :class:`ClientTask` says what the server sends (round, client id, payload, the client's stored state,
 whether to evaluate); :func:`run_client` runs it on a federation (the local update from a (seed, round,
-client) generator, then the personal evaluation; a failure caught and returned; ``privacy.clipping: client``
-applied before the update leaves the client; ``engine.on_divergence: drop`` keeping the stored state) and
-returns a typed :class:`ClientReply`. :func:`run_clients` runs a list of tasks: one after another, or at
+client) generator, then the personal evaluation; a failure caught and returned; then the client side of
+the update policy, :func:`fedpcd.engine.update_policy.settle_reply`) and returns a typed
+:class:`ClientReply`. :func:`run_clients` runs a list of tasks: one after another, or at
 once through the vectorized executor (``engine.executor: vectorized``).
 
 The in-process executor, the worker pool (:mod:`fedpcd.engine.pool`) and the Flower ClientApp
@@ -13,8 +13,7 @@ The in-process executor, the worker pool (:mod:`fedpcd.engine.pool`) and the Flo
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -23,14 +22,14 @@ from torch import nn
 from fedpcd.algorithms import Algorithm, ClientData, LocalWork
 from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.engine.federation import Federation, to_device
-from fedpcd.engine.guard import NonFiniteError, first_nonfinite, model_nonfinite
+from fedpcd.engine.guard import NonFiniteError, model_nonfinite
 from fedpcd.engine.metrics import personal_evaluation
-from fedpcd.engine.privacy import clip_update, stat_bounds
 from fedpcd.engine.tasks import ClientReply, ClientTask
+from fedpcd.engine.update_policy import settle_reply, state_to_keep
 from fedpcd.errors import UserError
 from fedpcd.seeds import derive_seed
 
-__all__ = ["ClientReply", "ClientTask", "local_step", "make_tasks", "run_client", "run_clients"]
+__all__ = ["ClientReply", "ClientTask", "local_step", "run_client", "run_clients"]
 
 
 def local_step(
@@ -59,12 +58,13 @@ def local_step(
 
 def run_client(algorithm: Algorithm, fed: Federation, task: ClientTask) -> ClientReply:
     """``task`` on ``fed``'s reusable model object of the client's architecture (reset to its seeded initial
-    weights when the client has no state): local update, personal evaluation, then :func:`finish`.
+    weights when the client has no state): local update, personal evaluation, then the client side of the
+    update policy (:func:`_settle`).
 
     A client that raises (anything but a UserError, which stops the run) gets a reply with ``error`` set."""
     config = fed.config
     data = fed.clients[task.client]
-    before = _kept_state(fed, task)
+    before = state_to_keep(config, task.state)
     model = fed.model_for(task.client, fresh=task.state is None)
     try:
         update, work = local_step(
@@ -84,31 +84,12 @@ def run_client(algorithm: Algorithm, fed: Federation, task: ClientTask) -> Clien
             error.__cause__ = exc
         return ClientReply(task.client, {}, None, tensor_bytes(task.payload), 0, error=error)
     reply = ClientReply(task.client, update, metrics, tensor_bytes(task.payload), 0, state=work.state)
-    return finish(fed, task, reply, before)
+    return _settle(fed, task, reply, before)
 
 
-def _kept_state(fed: Federation, task: ClientTask) -> Any:
-    """With ``engine.on_divergence: drop``, a copy of the stored state: an update that is dropped must leave
-    it as it was, even where the algorithm changed it in place."""
-    return copy.deepcopy(task.state) if fed.config.engine.on_divergence == "drop" else None
-
-
-def finish(fed: Federation, task: ClientTask, reply: ClientReply, before: Any) -> ClientReply:
-    """What a client does with its update before it leaves: ``privacy.clipping: client`` clips it (the
-    server never sees an unclipped one); a non-finite update under ``engine.on_divergence: drop`` keeps the
-    stored state (``before``); the upload's size."""
-    config = fed.config
-    privacy = config.privacy
-    if privacy.clip is not None and privacy.clipping == "client":
-        received = to_device(task.payload, fed.device)
-        bounds = stat_bounds(config, fed.dataset.num_classes)
-        reply.update, reply.clipped = clip_update(
-            reply.update, received, privacy.clip, config.algorithm.name, bounds
-        )
-    if config.engine.on_divergence == "drop" and first_nonfinite(reply.update) is not None:
-        reply.state = before  # None: nothing was stored, and nothing is
-    reply.bytes_up = tensor_bytes(reply.update)
-    return reply
+def _settle(fed: Federation, task: ClientTask, reply: ClientReply, kept: Any) -> ClientReply:
+    """:func:`fedpcd.engine.update_policy.settle_reply` on ``fed``'s device and classes."""
+    return settle_reply(fed.config, fed.dataset.num_classes, fed.device, task, reply, kept)
 
 
 def run_clients(algorithm: Algorithm, fed: Federation, tasks: Iterable[ClientTask]) -> list[ClientReply]:
@@ -121,23 +102,8 @@ def run_clients(algorithm: Algorithm, fed: Federation, tasks: Iterable[ClientTas
         from fedpcd.engine.vectorized import train_or_none  # torch.func only when used
 
         tasks = list(tasks)
-        befores = [_kept_state(fed, t) for t in tasks]
+        kept = [state_to_keep(fed.config, t.state) for t in tasks]
         replies = train_or_none(algorithm, fed, tasks)
         if replies is not None:
-            return [finish(fed, t, r, b) for t, r, b in zip(tasks, replies, befores, strict=True)]
+            return [_settle(fed, t, r, s) for t, r, s in zip(tasks, replies, kept, strict=True)]
     return [run_client(algorithm, fed, task) for task in tasks]
-
-
-def make_tasks(
-    algorithm: Algorithm,
-    server: dict[str, Any],
-    ids: Sequence[int],
-    rnd: int,
-    states: Any,
-    evaluate: bool,
-    full_test: bool,
-) -> Iterable[ClientTask]:
-    """The round's tasks for the participants ``ids`` (lazily: a disk state store loads one state at a
-    time)."""
-    for k in ids:
-        yield ClientTask(rnd, k, algorithm.payload_for(server, k), states.get(k), evaluate, full_test)

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Protocol
 
 from fedpcd.algorithms import Algorithm
-from fedpcd.engine.client_update import make_tasks, run_clients
+from fedpcd.engine.client_update import run_clients
 from fedpcd.engine.federation import Federation
 from fedpcd.engine.pool import START_COST_S, WorkerPool
 from fedpcd.engine.state_store import ClientStateStore, state_store_for
-from fedpcd.engine.tasks import ClientReply
+from fedpcd.engine.tasks import ClientReply, ClientTask
+from fedpcd.engine.update_policy import store_state
 
 __all__ = ["ClientReply", "Executor", "LocalExecutor", "StatesUnavailable"]
 
@@ -35,16 +36,14 @@ class Executor(Protocol):
     def train(
         self,
         algorithm: Algorithm,
-        server: dict[str, Any],
-        ids: Sequence[int],
+        payloads: Mapping[int, dict[str, Any]],
         rnd: int,
         evaluate: bool,
         full_test: bool = True,
     ) -> list[ClientReply]:
-        """One reply per client of ``ids`` (in that order) for round ``rnd``, from
-        ``algorithm.payload_for(server, k)``; personal metrics when ``evaluate`` (PA-G too when
-        ``full_test``). A client whose update is dropped as non-finite (``engine.on_divergence: drop``)
-        keeps its previous state."""
+        """One reply per client of ``payloads`` (client id -> what it is sent; in that order) for round
+        ``rnd``; personal metrics when ``evaluate`` (PA-G too when ``full_test``). The clients' states follow
+        :mod:`fedpcd.engine.update_policy` (a reply without a state keeps the stored one)."""
         ...
 
     def states(self) -> Mapping[int, Any]:
@@ -92,13 +91,12 @@ class LocalExecutor:
     def train(
         self,
         algorithm: Algorithm,
-        server: dict[str, Any],
-        ids: Sequence[int],
+        payloads: Mapping[int, dict[str, Any]],
         rnd: int,
         evaluate: bool,
         full_test: bool = True,
     ) -> list[ClientReply]:
-        tasks = make_tasks(algorithm, server, ids, rnd, self.client_states, evaluate, full_test)
+        tasks = self._tasks(payloads, rnd, evaluate, full_test)
         if self.pool is not None and not self.undecided:
             replies = self.pool.run(algorithm, list(tasks))
         else:
@@ -106,10 +104,16 @@ class LocalExecutor:
             replies = run_clients(algorithm, self.fed, tasks)
             if self.undecided:
                 self._decide(rnd, time.perf_counter() - t0)
-        for r in replies:  # a None state does not erase a stored one
-            if r.state is not None:
-                self.client_states[r.client] = r.state
+        for r in replies:
+            store_state(r, self.client_states.__setitem__)
         return replies
+
+    def _tasks(
+        self, payloads: Mapping[int, dict[str, Any]], rnd: int, evaluate: bool, full_test: bool
+    ) -> Iterator[ClientTask]:
+        """The round's tasks, lazily: a disk state store loads one state at a time."""
+        for k, payload in payloads.items():
+            yield ClientTask(rnd, k, payload, self.client_states.get(k), evaluate, full_test)
 
     def _decide(self, rnd: int, seconds: float) -> None:
         """Keep the pool if the rounds left, at this round's time, would save more than its start costs."""

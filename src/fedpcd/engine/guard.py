@@ -92,11 +92,6 @@ def model_nonfinite(model: torch.nn.Module) -> str | None:
     return first_nonfinite(dict(model.state_dict()))
 
 
-def warn(message: str) -> None:
-    """One warning line on stderr and in the run's run.log (the run goes on)."""
-    LOGGER.warning("%s", message)
-
-
 @dataclass
 class Screened:
     """The outcome of :func:`screen_replies`: positions of the updates to aggregate, and the others."""
@@ -135,7 +130,7 @@ def screen_replies(
     """Decide which of a round's updates are aggregated (see the module doc); raises when the run stops.
 
     ``replies[i]``/``errors[i]`` belong to ``clients[i]``; a client with an error has no usable reply."""
-    algo = config.algorithm.name
+    algorithm = config.algorithm.name
     out = Screened(kept=[])
     first_error: BaseException | None = None
     for i, (k, reply, error) in enumerate(zip(clients, replies, errors, strict=True)):
@@ -144,10 +139,12 @@ def screen_replies(
         elif error is not None:
             out.failed[k] = f"{type(error).__name__}: {error}".strip()
             first_error = first_error or error
-            warn(f"round {rnd}: client {k} failed ({out.failed[k]}); left out of this round's aggregation")
+            LOGGER.warning(
+                "round %d: client %d failed (%s); left out of this round's aggregation", rnd, k, out.failed[k]
+            )
         elif reply is None:
             out.failed[k] = "no reply"
-            warn(f"round {rnd}: client {k} sent no reply; left out of this round's aggregation")
+            LOGGER.warning("round %d: client %d sent no reply; left out of this round's aggregation", rnd, k)
         else:
             bad = first_nonfinite(reply)
             if bad is not None:
@@ -158,17 +155,19 @@ def screen_replies(
         who = _by_reason(out.diverged)
         if config.engine.on_divergence == "stop":
             raise DivergenceError(
-                f"round {rnd}: algorithm {algo!r} diverged: client(s) {who}; the earlier rounds are kept; "
-                f"{_fix_hint(config)}"
+                f"round {rnd}: algorithm {algorithm!r} diverged: client(s) {who}; the earlier rounds are "
+                f"kept; {_fix_hint(config)}"
             )
-        warn(f"round {rnd}: client(s) {who} of algorithm {algo!r} diverged; their updates are dropped")
+        LOGGER.warning(
+            "round %d: client(s) %s of algorithm %r diverged; their updates are dropped", rnd, who, algorithm
+        )
     need = config.engine.min_clients
     if len(out.kept) < need:
         lost = {**out.failed, **out.diverged}
         detail = f"client(s) {_by_reason(lost)}"
         message = (
-            f"round {rnd}: only {len(out.kept)} of {len(clients)} client update(s) of algorithm {algo!r} are "
-            f"usable, fewer than engine.min_clients={need} ({detail})"
+            f"round {rnd}: only {len(out.kept)} of {len(clients)} client update(s) of algorithm "
+            f"{algorithm!r} are usable, fewer than engine.min_clients={need} ({detail})"
         )
         if first_error is None:
             raise DivergenceError(f"{message}; {_fix_hint(config)}")

@@ -43,8 +43,8 @@ from typing import Any
 from fedpcd.algorithms import Algorithm
 from fedpcd.engine.client_update import run_clients
 from fedpcd.engine.federation import Federation, set_threads
-from fedpcd.engine.guard import warn
 from fedpcd.engine.tasks import ClientReply, ClientTask
+from fedpcd.logs import LOGGER
 from fedpcd.models import MODELS
 from fedpcd.procs_guard import children_ignore_ctrl_c, die_with_parent
 
@@ -77,12 +77,12 @@ def _work(algorithm: bytes, tasks: bytes) -> bytes:
     """Run pickled tasks in a worker; the pickled replies."""
     assert _FEDERATION is not None
     try:
-        alg, todo = pickle.loads(algorithm), pickle.loads(tasks)
+        unpickled, todo = pickle.loads(algorithm), pickle.loads(tasks)
         for arch in _FEDERATION.config.model.architectures(_FEDERATION.config.clients):
             MODELS.get(arch)
     except Exception as exc:  # noqa: BLE001 - e.g. a class defined in a notebook, a model registered there
         raise NotInWorker(f"{type(exc).__name__}: {exc}") from None
-    return _dumps(run_clients(alg, _FEDERATION, todo))
+    return _dumps(run_clients(unpickled, _FEDERATION, todo))
 
 
 def _dumps(replies: list[ClientReply]) -> bytes:
@@ -124,13 +124,13 @@ class WorkerPool:
         """The replies to ``tasks``, in their order."""
         if not tasks or self.unavailable is not None:
             return run_clients(algorithm, self.fed, tasks)
-        alg = pickle.dumps(algorithm, protocol=pickle.HIGHEST_PROTOCOL)
+        pickled = pickle.dumps(algorithm, protocol=pickle.HIGHEST_PROTOCOL)
         groups = self._groups(tasks)
         replies: dict[int, ClientReply] = {}
-        lost = self._schedule(algorithm, alg, tasks, groups, replies)
+        lost = self._schedule(algorithm, pickled, tasks, groups, replies)
         if lost:  # a worker died: a fresh pool runs its clients again, once
             self.close()
-            again = self._schedule(algorithm, alg, tasks, [[i] for i in lost], replies, local=False)
+            again = self._schedule(algorithm, pickled, tasks, [[i] for i in lost], replies, local=False)
             for i in again:
                 task = tasks[i]
                 error = WorkerDied(f"the worker process running client {task.client} died")
@@ -155,14 +155,15 @@ class WorkerPool:
     def _schedule(
         self,
         algorithm: Algorithm,
-        alg: bytes,
+        pickled: bytes,
         tasks: Sequence[ClientTask],
         groups: list[list[int]],
         replies: dict[int, ClientReply],
         local: bool = True,
     ) -> list[int]:
-        """Run ``groups`` of task positions, the largest first, in the workers and (``local``) this process;
-        replies into ``replies``. Returns the positions whose worker died."""
+        """Run ``groups`` of task positions, the largest first, in the workers (``pickled``: ``algorithm``
+        as they get it) and (``local``) this process; replies into ``replies``. Returns the positions whose
+        worker died."""
         size = {i: self.fed.clients[t.client].num_samples for i, t in enumerate(tasks)}
         # the largest first, to whichever process is free (longest processing time first: the round ends on
         # small clients, so the processes finish together)
@@ -182,9 +183,10 @@ class WorkerPool:
                     continue
                 except NotInWorker as exc:  # from now on this process runs every client
                     self.unavailable = str(exc)
-                    warn(
-                        f"engine.workers: a worker process cannot run this run's clients ({exc}); "
-                        "they run in this process"
+                    LOGGER.warning(
+                        "engine.workers: a worker process cannot run this run's clients (%s); they run in "
+                        "this process",
+                        exc,
                     )
                     answers = run_clients(algorithm, self.fed, [tasks[i] for i in group])
                 for i, reply in zip(group, answers, strict=True):
@@ -196,7 +198,7 @@ class WorkerPool:
                 group = pending.popleft()
                 try:
                     with children_ignore_ctrl_c():  # a worker it starts: no traceback on Ctrl-C at start-up
-                        running[pool.submit(_work, alg, pickle.dumps([tasks[i] for i in group]))] = group
+                        running[pool.submit(_work, pickled, pickle.dumps([tasks[i] for i in group]))] = group
                 except BrokenProcessPool:
                     broken = True
                     pending.appendleft(group)

@@ -132,14 +132,6 @@ def check_privacy(config: Config) -> None:
         _accountant()
 
 
-def reported_samples(config: Config, num_samples: int) -> int:
-    """The ``num_samples`` a client's reply carries: 1 where the client clips (``privacy.clip`` with
-    ``privacy.clipping: client``: fixed weights, and n_k never leaves the client), else its ``num_samples``
-    (server-side clipping sets it to 1 on arrival)."""
-    privacy = config.privacy
-    return 1 if privacy.clip is not None and privacy.clipping == "client" else num_samples
-
-
 def _model_of(obj: Mapping[str, Any], what: str, algorithm: str) -> Mapping[str, torch.Tensor]:
     model = obj.get(MODEL)
     if not isinstance(model, Mapping):

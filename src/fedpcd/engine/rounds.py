@@ -7,72 +7,67 @@ both: the divergence guard and client-failure handling (engine/guard.py), the re
 checkpoints and their resume (engine/checkpoint.py), the run directory (engine/rundir.py).
 
 A checkpoint holds the server state, every client's state (``Executor.states``), the metrics so far and the
-global RNG states; resuming from it (``checkpoint`` argument, read by :func:`open_checkpoint` before any data
-is loaded) gives the same metrics.jsonl as an uninterrupted run.
+global RNG states; resuming from it (the run's checkpoint, read by :meth:`fedpcd.engine.run.Run.resume` before
+any data is loaded) gives the same metrics.jsonl as an uninterrupted run. The loop imports no backend and no
+tracker: whoever starts the run passes its observers in (:class:`RoundObserver`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from typing import Any, Protocol
 
-from tqdm import tqdm
-
-from fedpcd.algorithms import Algorithm, build_algorithm
+from fedpcd.algorithms import Algorithm
 from fedpcd.algorithms.context import MODEL
 from fedpcd.config import Config
 from fedpcd.data.stats import partition_json
 from fedpcd.engine.checkpoint import (
-    check_checkpoint,
     check_server_state,
     checkpoint_records,
+    checkpoint_rounds,
     checkpoint_state,
     file_sha256,
     restore_rng,
 )
 from fedpcd.engine.executor import Executor, StatesUnavailable
-from fedpcd.engine.federation import (
-    Federation,
-    build_federation,
-    global_evaluation,
-    resolve_device,
-    sample_clients,
-    set_threads,
-)
-from fedpcd.engine.guard import InvalidReply, check_server, reply_problem, screen_replies, warn
+from fedpcd.engine.federation import Federation, global_evaluation, sample_clients
+from fedpcd.engine.guard import check_server
 from fedpcd.engine.metrics import accuracy, balanced_accuracy, predict
-from fedpcd.engine.privacy import (
-    add_noise,
-    check_privacy,
-    clip_update,
-    dp_epsilon,
-    noise_uploads,
-    reported_samples,
-    stat_bounds,
-)
+from fedpcd.engine.privacy import add_noise, dp_epsilon
 from fedpcd.engine.records import round_record, summary_of
-from fedpcd.engine.robust import check_robust, robust_aggregate
-from fedpcd.engine.rundir import RunDir
-from fedpcd.engine.server_opt import check_server_optimizer, server_step
+from fedpcd.engine.robust import robust_aggregate
+from fedpcd.engine.run import Run
+from fedpcd.engine.server_opt import server_step
+from fedpcd.engine.tasks import payloads_for
+from fedpcd.engine.update_policy import admit_replies
 from fedpcd.errors import UserError
 from fedpcd.labels import PRESET, preset_record, run_log_line
-from fedpcd.logs import LOGGER, RUN_LOG_ONLY, run_log
-from fedpcd.run_format import (
-    CODE,
-    GA_BALANCED,
-    PERSONAL,
-    STATISTICS,
-    code_version,
-    headline,
-    headline_text,
-)
-from fedpcd.trackers import check_trackers, open_trackers
+from fedpcd.logs import LOGGER, RUN_LOG_ONLY
+from fedpcd.run_format import CODE, GA_BALANCED, PERSONAL, STATISTICS, code_version, headline_text
 
 RecordHook = Callable[[dict[str, Any]], None]
+
+
+class RoundObserver(Protocol):
+    """What watches a run's rounds (a progress bar, trackers, a caller's per-round callback), passed to
+    :func:`run_rounds` by the layer that starts the run."""
+
+    def start(self, run: Run, first: int) -> None:
+        """The rounds are about to run, from round ``first`` + 1 (0: a fresh run); the run's folder holds
+        metrics.jsonl as of that round."""
+        ...
+
+    def round(self, rnd: int, record: dict[str, Any] | None) -> None:
+        """Round ``rnd`` is done: its record as written to metrics.jsonl (None: not evaluated). An exception
+        stops the run there, before that round's checkpoint."""
+        ...
+
+    def stop(self, summary: dict[str, Any] | None) -> None:
+        """The run is over: its summary (written to summary.json), or None when it stopped on an error."""
+        ...
 
 
 def is_eval_round(rnd: int, config: Config) -> bool:
@@ -128,35 +123,6 @@ def aggregate_round(
     return server
 
 
-def open_checkpoint(
-    config: Config, run_dir: RunDir, resume: bool, allow_changes: Sequence[str] = ()
-) -> dict[str, Any] | None:
-    """The checkpoint a resume continues from, checked against ``config`` (None: start from round 0).
-
-    Reads no data, so a wrong resume fails before the dataset is loaded or Flower is started."""
-    if not (resume and run_dir.checkpoint.exists()):
-        return None
-    ckpt = run_dir.load_checkpoint(resolve_device(config.engine.device))
-    check_checkpoint(ckpt, run_dir, config, allow_changes)
-    if checkpoint_rounds(ckpt) not in (None, config.rounds):
-        use = build_algorithm(config.algorithm.name, config.algorithm.params()).total_rounds_use()
-        if use is not None:
-            raise UserError(
-                f"{run_dir.path}: algorithm {config.algorithm.name!r} cannot go on with rounds "
-                f"{checkpoint_rounds(ckpt)} -> {config.rounds}: {use}, so the longer run would not equal one "
-                "made with that many rounds from the start; start a new run"
-            )
-    if ckpt["round"] < config.rounds:
-        run_dir.discard_summary()  # of a finished run whose rounds were raised: it goes on
-    return ckpt
-
-
-def checkpoint_rounds(checkpoint: dict[str, Any]) -> int | None:
-    """The ``rounds`` of the config a checkpoint was written with (None: a checkpoint without its config)."""
-    text = checkpoint.get("config")
-    return json.loads(text).get("rounds") if isinstance(text, str) else None
-
-
 def extended_records(records: list[dict[str, Any]], checkpoint: dict[str, Any], config: Config) -> list[dict]:
     """The records of a run extended past its old last round R to ``config.rounds``, as a run of that many
     rounds from the start has them: R was evaluated because it was the last (``is_eval_round``), and with
@@ -179,39 +145,6 @@ def extended_records(records: list[dict[str, Any]], checkpoint: dict[str, Any], 
     return records
 
 
-@contextmanager
-def open_run(
-    config: Config,
-    *,
-    resume: bool,
-    allow_changes: Sequence[str] = (),
-    federation: Federation | None = None,
-    checkpoint: dict[str, Any] | None = None,
-) -> Iterator[tuple[RunDir, dict[str, Any] | None, Federation]]:
-    """The set-up of a run on every backend, each check before the data is loaded: torch threads; a new
-    run's ``output_dir`` checked (:meth:`RunDir.check_new`); the trackers' packages; then, with the run
-    directory locked, the checkpoint a resume continues from (``checkpoint``: already read and checked by
-    the caller), then, logging to its run.log (:func:`fedpcd.logs.run_log`) for the rest of the block, the
-    federation (``federation``: already built by the caller). Yields (run directory, checkpoint or None,
-    federation)."""
-    set_threads(config)
-    run_dir = RunDir(config.output_dir)
-    if not resume:
-        run_dir.check_new(config)
-    check_trackers(config)
-    check_privacy(config)
-    check_robust(config)
-    check_server_optimizer(config)
-    # both re-entrant: a Flower simulation's ServerApp thread takes them again; a refused resume (a changed
-    # config, a damaged checkpoint) leaves the folder as it was, its run.log included
-    with run_dir.lock():
-        if checkpoint is None:
-            checkpoint = open_checkpoint(config, run_dir, resume, allow_changes)
-        with run_log(run_dir.path):
-            fed = federation if federation is not None else build_federation(config)
-            yield run_dir, checkpoint, fed
-
-
 def play_round(
     config: Config,
     fed: Federation,
@@ -220,37 +153,19 @@ def play_round(
     server: dict[str, Any],
     rnd: int,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, float]:
-    """One round: sample, train through ``executor``, screen the replies, clip (``privacy.clipping:
-    server``), noise each reply's class statistics, aggregate (robustly with ``aggregation.robust``), add the
-    DP noise, take the server optimiser's step, evaluate on evaluated rounds. Returns the new server state,
-    the round's record (None when not evaluated) and its wall time."""
+    """One round: sample, send each participant its payload (computed once), train through ``executor``,
+    admit the replies (:func:`fedpcd.engine.update_policy.admit_replies`: screened, clipped, noised),
+    aggregate (robustly with ``aggregation.robust``), add the DP noise, take the server optimiser's step,
+    evaluate on evaluated rounds. Returns the new server state, the round's record (None when not evaluated)
+    and its wall time."""
     t0 = time.perf_counter()
     ids = sample_clients(config.clients, config.participation, config.seed, rnd)
     evaluate = is_eval_round(rnd, config)
-    results = executor.train(algorithm, server, ids, rnd, evaluate, is_full_eval_round(rnd, config))
-    for r in results:  # a reply the server cannot aggregate fails its client, it never stops the run
-        n = reported_samples(config, fed.clients[r.client].num_samples)
-        problem = None if r.error else reply_problem(r.update, algorithm.payload_for(server, r.client), n)
-        if problem is not None:
-            r.update, r.error = {}, InvalidReply(problem)
-    screened = screen_replies(
-        config,
-        rnd,
-        [r.client for r in results],
-        [r.update if r.error is None else None for r in results],
-        [r.error for r in results],
-    )
-    kept = [results[i] for i in screened.kept]
-    privacy = config.privacy
+    payloads = payloads_for(algorithm, server, ids)
+    results = executor.train(algorithm, payloads, rnd, evaluate, is_full_eval_round(rnd, config))
+    sizes = [client.num_samples for client in fed.clients]
+    kept, screened = admit_replies(config, algorithm, sizes, payloads, results, rnd)
     uploads = algorithm.upload_bounds()
-    if privacy.clip is not None:
-        bounds = stat_bounds(config, algorithm.ctx.num_classes)
-        for r in kept:
-            if privacy.clipping == "server":
-                payload = algorithm.payload_for(server, r.client)
-                name = config.algorithm.name
-                r.update, r.clipped = clip_update(r.update, payload, privacy.clip, name, bounds)
-            r.update = noise_uploads(r.update, uploads, config, rnd, r.client, bounds.num_classes)
     kept_ids = [r.client for r in kept]
     before = server.get(MODEL)
     server = aggregate_round(algorithm, config, rnd, server, [r.update for r in kept], kept_ids)
@@ -268,62 +183,25 @@ def play_round(
     record[GA_BALANCED.key] = None if ga_classes is None else balanced_accuracy(ga_classes)
     if len(kept) < len(results):
         record["left_out"] = sorted({*screened.failed, *screened.diverged})
-    if privacy.clip is not None:
+    if config.privacy.clip is not None:
         record["dp_clipped"] = sum(r.clipped for r in kept)
         record["dp_epsilon"] = dp_epsilon(config, rnd)
     return server, record, wall
 
 
-def run_rounds(
-    config: Config,
-    run_dir: RunDir,
-    fed: Federation,
-    executor: Executor,
-    checkpoint: dict[str, Any] | None = None,
-    *,
-    restart: bool = False,
-    progress: bool = True,
-    desc: str | None = None,
-    on_record: RecordHook | None = None,
-) -> dict[str, Any]:
-    """Run rounds ``checkpoint["round"] + 1 .. config.rounds`` (all of them without a checkpoint) in the
-    locked ``run_dir``; write metrics.jsonl, checkpoints and summary.json; return the summary. A round that
-    raises (a divergence, a failed aggregation) leaves stopped.json naming it and the error.
-
-    ``restart``: a resumed run that had no checkpoint yet starts again from round 0 (its config.yaml kept).
-    Every record goes to the run's trackers (``tracking.loggers``, :mod:`fedpcd.trackers`), then to
-    ``on_record``."""
-    algorithm = fed.new_algorithm()
-    if checkpoint is not None:
-        # the server's model must fit the run's (other server state may change shape over rounds, e.g. FedSC's
-        # prototype bank); the global RNG the reference draws from is restored below
-        reference = algorithm.init_server(fed.model_for(0, fresh=True)).get(MODEL, {})
-        check_server_state(checkpoint["server"], {MODEL: reference}, run_dir.checkpoint)
-        server, start = checkpoint["server"], checkpoint["round"]
-        wall = float(checkpoint.get("wall_s", 0.0))
-        executor.restore(checkpoint["client_states"])
-        records = checkpoint_records(checkpoint, run_dir.checkpoint)
-        if records is None:  # a checkpoint written before checkpoints held the metrics
-            records = run_dir.truncate(start)
-        # metrics.jsonl as it was at the checkpoint (drops rounds after it and any torn line), its last round
-        # as a run of config.rounds records it
-        records = extended_records(records, checkpoint, config)
-        run_dir.rewrite(records)
-        for k in range(config.clients):  # build every architecture's model (seeds the global RNG) ...
-            fed.model_for(k)
-        restore_rng(checkpoint.get("rng"))  # ... before the global RNG states are put back
-        # on stderr with the progress bar, and always in run.log
-        level = logging.INFO if progress else logging.DEBUG
-        LOGGER.log(level, "resuming %s from round %d of %d", run_dir.path, start, config.rounds)
-    else:
+def _start(run: Run, fed: Federation, algorithm: Algorithm, executor: Executor, progress: bool) -> tuple:
+    """The state the rounds start from: (server state, last round done, wall time so far, records). A
+    resumed run's comes from its checkpoint (metrics.jsonl rewritten as it was then, the clients' states and
+    the global RNG states put back); a fresh run's folder gets its files first."""
+    config, folder, checkpoint = run.config, run.folder, run.checkpoint
+    if checkpoint is None:
         train_y, test_y = fed.dataset.train_y.numpy(), fed.dataset.test_y.numpy()
-        run_dir.create(config, partition_json(fed.partition, train_y, test_y), restart=restart)
+        folder.create(config, partition_json(fed.partition, train_y, test_y), restart=run.restart)
         server = algorithm.init_server(fed.model_for(0, fresh=True))  # client 0's architecture
         executor.restore({})  # disk: the files of an attempt killed before its first checkpoint
-        start, wall, records = 0, 0.0, []
         LOGGER.debug(
             "starting %s: %s on %s, %d clients, %d rounds (backend %s)",
-            run_dir.path,
+            folder.path,
             config.algorithm.name,
             config.dataset.name,
             config.clients,
@@ -333,52 +211,89 @@ def run_rounds(
         said = run_log_line(config.to_dict())
         if said is not None:  # on stderr when the config was read: here for run.log
             LOGGER.warning(said, extra={RUN_LOG_ONLY: True})
+        return server, 0, 0.0, []
+    # the server's model must fit the run's (other server state may change shape over rounds, e.g. FedSC's
+    # prototype bank); the global RNG the reference draws from is restored below
+    reference = algorithm.init_server(fed.model_for(0, fresh=True)).get(MODEL, {})
+    check_server_state(checkpoint["server"], {MODEL: reference}, folder.checkpoint)
+    server, start = checkpoint["server"], checkpoint["round"]
+    wall = float(checkpoint.get("wall_s", 0.0))
+    executor.restore(checkpoint["client_states"])
+    records = checkpoint_records(checkpoint, folder.checkpoint)
+    if records is None:  # a checkpoint written before checkpoints held the metrics
+        records = folder.truncate(start)
+    # metrics.jsonl as it was at the checkpoint (drops rounds after it and any torn line), its last round as
+    # a run of config.rounds records it
+    records = extended_records(records, checkpoint, config)
+    folder.rewrite(records)
+    for k in range(config.clients):  # build every architecture's model (seeds the global RNG) ...
+        fed.model_for(k)
+    restore_rng(checkpoint.get("rng"))  # ... before the global RNG states are put back
+    # on stderr with the progress bar, and always in run.log
+    level = logging.INFO if progress else logging.DEBUG
+    LOGGER.log(level, "resuming %s from round %d of %d", folder.path, start, config.rounds)
+    return server, start, wall, records
 
-    rounds = range(start + 1, config.rounds + 1)
-    desc = desc or config.algorithm.name
-    with (
-        open_trackers(config, run_dir.path, resume=checkpoint is not None or restart) as trackers,
-        tqdm(
-            rounds,
-            initial=start,
-            total=config.rounds,
-            disable=not progress,
-            desc=desc,
-            unit="round",
-            leave=False,
-        ) as bar,
-    ):
-        run_dir.discard_stopped()
-        for rnd in bar:
+
+def run_rounds(
+    run: Run,
+    fed: Federation,
+    executor: Executor,
+    observers: Sequence[RoundObserver] = (),
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run rounds ``checkpoint["round"] + 1 .. config.rounds`` of the open ``run`` (all of them without a
+    checkpoint); write metrics.jsonl, checkpoints and summary.json; return the summary. A round that raises
+    (a divergence, a failed aggregation) leaves stopped.json naming it and the error.
+
+    Each round goes to the ``observers``, in their order (:class:`RoundObserver`); ``progress``: the
+    resuming line on stderr rather than in run.log only."""
+    config, folder = run.config, run.folder
+    algorithm = fed.new_algorithm()
+    server, start, wall, records = _start(run, fed, algorithm, executor, progress)
+    outcome: dict[str, Any] = {}
+    with ExitStack() as stack:
+        for observer in observers:
+            observer.start(run, start)
+            stack.callback(lambda o=observer: o.stop(outcome.get("summary")))
+        folder.discard_stopped()
+        for rnd in range(start + 1, config.rounds + 1):
             try:
                 server, record, round_wall = play_round(config, fed, algorithm, executor, server, rnd)
             except Exception as exc:
-                run_dir.write_stopped(rnd, exc)
+                folder.write_stopped(rnd, exc)
                 raise
             wall += round_wall
             if record is not None:
-                run_dir.append(record)
+                folder.append(record)
                 records.append(record)
                 LOGGER.debug("round %d: %s, %.2f s", rnd, headline_text(record), round_wall)
-                bar.set_postfix(headline(record))
-                trackers.log(record)
-                if on_record is not None:
-                    on_record(record)
+            for observer in observers:
+                observer.round(rnd, record)
             every = config.engine.checkpoint_every
             if every and (rnd % every == 0 or rnd == config.rounds):
-                try:
-                    states = executor.states()
-                except StatesUnavailable as exc:
-                    warn(f"round {rnd}: no checkpoint ({exc}); a resume starts from the previous one")
-                    continue
-                digest = file_sha256(run_dir.partition, "partition file")
-                run_dir.save_checkpoint(checkpoint_state(rnd, server, states, wall, records, config, digest))
-                LOGGER.debug("round %d: checkpoint saved", rnd)
+                _save_checkpoint(run, executor, rnd, server, wall, records)
         summary = {**summary_of(records, wall, config.rounds), CODE: code_version()}
         preset = preset_record(config.to_dict())
         if preset is not None:  # the preset, its keys and those the config overrode (fedpcd.labels)
             summary[PRESET] = preset
-        run_dir.write_summary(summary)
-        trackers.close(summary)
+        folder.write_summary(summary)
+        outcome["summary"] = summary
     LOGGER.debug("summary written: final %s, %.1f s of rounds", headline_text(summary["final"]), wall)
     return summary
+
+
+def _save_checkpoint(
+    run: Run, executor: Executor, rnd: int, server: dict[str, Any], wall: float, records: list[dict]
+) -> None:
+    """The checkpoint after round ``rnd``; skipped with a warning when the clients' states cannot all be had
+    (a resume then starts from the previous one)."""
+    try:
+        states = executor.states()
+    except StatesUnavailable as exc:
+        LOGGER.warning("round %d: no checkpoint (%s); a resume starts from the previous one", rnd, exc)
+        return
+    digest = file_sha256(run.folder.partition, "partition file")
+    run.folder.save_checkpoint(checkpoint_state(rnd, server, states, wall, records, run.config, digest))
+    LOGGER.debug("round %d: checkpoint saved", rnd)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from fedpcd.config import Config
-from fedpcd.config_identity import canonical_config, config_yaml, describe_changes
+from fedpcd.config_identity import config_yaml, describe_changes
 from fedpcd.engine.checkpoint import changes_since, load_checkpoint_file
 from fedpcd.engine.records import read_records, record_line
 from fedpcd.errors import RunInUseError, UserError
@@ -195,7 +195,7 @@ class RunDir(RunFiles):
         if theirs is None:
             what = f"{', '.join(present)}, not written by fedpcd for this run"
         else:
-            changes = changes_since(canonical_config(theirs), config)
+            changes = changes_since(theirs, config)
             diff = describe_changes(changes) or "same settings, written for another output_dir or by hand"
             what = f"the config.yaml of another run ({diff})"
         raise UserError(

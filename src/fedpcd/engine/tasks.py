@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fedpcd.algorithms import Algorithm
 from fedpcd.algorithms.context import NUM_SAMPLES, TRAIN_LOSS
 
 
@@ -49,3 +51,11 @@ class ClientReply:
         """The update's mean training loss (None when the algorithm does not report one)."""
         loss = self.update.get(TRAIN_LOSS)
         return None if loss is None else float(loss)
+
+
+def payloads_for(
+    algorithm: Algorithm, server: dict[str, Any], ids: Iterable[int]
+) -> dict[int, dict[str, Any]]:
+    """Each participant's payload (``algorithm.payload_for``), computed once per round: its task carries it
+    to the client, and the server checks and clips the client's reply against it."""
+    return {k: algorithm.payload_for(server, k) for k in ids}

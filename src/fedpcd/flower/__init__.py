@@ -6,7 +6,7 @@ to run them.
 - ``fedpcd.flower.server_app:app`` / ``fedpcd.flower.client_app:app``: the components ``flwr run`` loads
   (see ``flower-app/`` and ``docs/flower.md``);
 - :mod:`fedpcd.flower.deploy`: a SuperLink, SuperNodes and long-lived ClientApp workers on 127.0.0.1;
-- :mod:`fedpcd.flower.records`: the codec between the engine's dicts and Flower records.
+- :mod:`fedpcd.flower.codec`: the codec between the engine's dicts and Flower records.
 
 Importing this package switches Flower's telemetry and update check, Ray's usage stats and runtime
 dependency installation off (unless those variables are already set): nothing leaves the machine.

@@ -5,7 +5,7 @@
 - ``train``: one client round through :func:`fedpcd.engine.client_update.run_client`, the code of the local
   backend and its worker pool (local update from the payload, personal evaluation when the server asks for
   it, DP clipping on the client, the divergence policy). The client state lives in
-  ``context.state`` (encoded with :mod:`fedpcd.flower.records`); it leaves the node only when the server
+  ``context.state`` (encoded with :mod:`fedpcd.flower.codec`); it leaves the node only when the server
   asks for it for a checkpoint (``get-state``) and is replaced from one on resume (``set-state``).
 
 The run's resolved config arrives inside every message. Each process builds the federation (dataset,
@@ -36,8 +36,9 @@ from fedpcd.config import Config  # noqa: E402
 from fedpcd.engine.client_update import run_client  # noqa: E402
 from fedpcd.engine.federation import Federation, build_federation, set_threads  # noqa: E402
 from fedpcd.engine.tasks import ClientTask  # noqa: E402
+from fedpcd.engine.update_policy import drops_divergent, store_state  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
-from fedpcd.flower import records, secagg  # noqa: E402
+from fedpcd.flower import codec, secagg  # noqa: E402
 from fedpcd.flower.protocol import (  # noqa: E402
     DATA_ROOT,
     DISCOVER,
@@ -111,13 +112,13 @@ def query(msg: Message, context: Context) -> Message:
     action = str(task.get("action", DISCOVER)) if task is not None else DISCOVER
     info: dict[str, Any] = {"client-id": pid, "partition-id": pid, "process-id": os.getpid()}
     if action == GET_STATE:
-        content = records.record_dict(**{STATE: records.get(context.state, STATE)})
+        content = codec.record_dict(**{STATE: codec.get(context.state, STATE)})
     elif action == SET_STATE:
-        state = records.get(msg.content, STATE)
+        state = codec.get(msg.content, STATE)
         if state is None:
-            records.clear(context.state, STATE)
+            codec.clear(context.state, STATE)
         else:
-            records.put(context.state, STATE, state)
+            codec.put(context.state, STATE, state)
         content = RecordDict()
     else:
         if task is not None and "config" in task:
@@ -148,31 +149,30 @@ def client_round(msg: Message, context: Context) -> Message:
     if int(task["client-id"]) != k:
         raise UserError(f"message for client {task['client-id']} reached the node holding partition {k}")
     root = context.node_config.get(DATA_ROOT)
-    rt = runtime_for(str(task["config"]), None if root is None else str(root))
-    if n is not None and n != rt.config.clients:
-        raise UserError(f"node has num-partitions={n} but the run's config has clients={rt.config.clients}")
-    set_threads(rt.config)
-    task_ = ClientTask(
+    runtime = runtime_for(str(task["config"]), None if root is None else str(root))
+    config = runtime.config
+    if n is not None and n != config.clients:
+        raise UserError(f"node has num-partitions={n} but the run's config has clients={config.clients}")
+    set_threads(config)
+    client_task = ClientTask(
         round=int(task["round"]),
         client=k,
-        payload=records.decode(msg.content, PAYLOAD),
-        state=records.get(context.state, STATE),
+        payload=codec.decode(msg.content, PAYLOAD),
+        state=codec.get(context.state, STATE),
         evaluate=bool(task["evaluate"]),
         full_test=bool(task.get("full-test", True)),
     )
-    result = run_client(rt.algorithm, rt.federation, task_)
+    result = run_client(runtime.algorithm, runtime.federation, client_task)
     if result.error is not None:  # Flower's error reply: the server leaves the client out (engine/guard.py)
         raise result.error
-    reply, state, metrics = result.update, result.state, result.metrics
+    reply, metrics = result.update, result.metrics
     info: dict[str, Any] = {}
     if bool(task.get("secagg", False)):  # the model goes to secaggplus_mod, the rest in the clear
-        drop = rt.config.engine.on_divergence == "drop"
-        content, info[secagg.KEYS] = secagg.pack_reply(reply, drop)  # raises for a non-finite update
+        content, info[secagg.KEYS] = secagg.pack_reply(reply, drops_divergent(config))  # raises if non-finite
     else:
-        content = records.record_dict(**{REPLY: reply})
-    if state is not None:  # as in run_local: a None state does not erase the previous one
-        records.put(context.state, STATE, state)
-    records.put(content, PERSONAL, metrics)
+        content = codec.record_dict(**{REPLY: reply})
+    store_state(result, lambda _client, state: codec.put(context.state, STATE, state))
+    codec.put(content, PERSONAL, metrics)
     content[TASK] = ConfigRecord(
         {
             "client-id": k,

@@ -1,10 +1,10 @@
 """The Flower backend's executor: the round loop's clients are ClientApps reached through Flower's Grid.
 
-``GridExecutor`` implements the engine's ``Executor``: ``train`` encodes each participant's
-``payload_for(server, k)`` as a TRAIN Message (:mod:`fedpcd.flower.records`), sends them all, waits up to
-the round timeout, and decodes the replies into ``ClientReply`` objects in client-id order (weighted sums
-are not associative: arrival order would change the bits). A ClientApp that raised, or did not reply in
-time, gives a result with ``error`` set; the round loop leaves it out.
+``GridExecutor`` implements the engine's ``Executor``: ``train`` encodes each participant's payload
+(``payload_for(server, k)``, computed once by the round loop) as a TRAIN Message (:mod:`fedpcd.flower.codec`),
+sends them all, waits up to the round timeout, and decodes the replies into ``ClientReply`` objects in
+client-id order (weighted sums are not associative: arrival order would change the bits). A ClientApp that
+raised, or did not reply in time, gives a result with ``error`` set; the round loop leaves it out.
 
 Client states live on the nodes (``context.state``). ``states`` asks the nodes trained since the last
 checkpoint for their states (a QUERY ``get-state``; the others' are unchanged) so that a checkpoint is
@@ -34,7 +34,7 @@ from fedpcd.engine.federation import to_device
 from fedpcd.engine.guard import InvalidReply
 from fedpcd.engine.tasks import ClientReply
 from fedpcd.errors import UserError
-from fedpcd.flower import records, secagg
+from fedpcd.flower import codec, secagg
 from fedpcd.flower.protocol import (
     GET_STATE,
     PAYLOAD,
@@ -76,17 +76,15 @@ class GridExecutor:
     def train(
         self,
         algorithm: Algorithm,
-        server: dict[str, Any],
-        ids: Sequence[int],
+        payloads: Mapping[int, dict[str, Any]],
         rnd: int,
         evaluate: bool,
         full_test: bool = True,
     ) -> list[ClientReply]:
-        contents, down, sent = {}, {}, {}
-        for k in ids:
-            sent[k] = payload = algorithm.payload_for(server, k)
+        contents, down, sent = {}, {}, payloads
+        for k, payload in payloads.items():
             down[k] = tensor_bytes(payload)
-            contents[k] = records.record_dict(**{PAYLOAD: payload})
+            contents[k] = codec.record_dict(**{PAYLOAD: payload})
             task: dict[str, Any] = {
                 "round": rnd,
                 "client-id": k,
@@ -131,21 +129,21 @@ class GridExecutor:
             missing = TimeoutError(
                 "left out of the secure aggregation (no masked update, or the protocol halted)"
             )
-        return [got.get(k) or ClientReply(k, {}, None, down[k], 0, error=missing) for k in ids]
+        return [got.get(k) or ClientReply(k, {}, None, down[k], 0, error=missing) for k in payloads]
 
     def _decode(self, msg: Message, k: int, down: int, sent: Any, mean: Any) -> ClientReply:
         """Client ``k``'s TRAIN reply as a :class:`ClientReply`; raises for a reply that is not one."""
         task = msg.content[TASK]
         if int(task["client-id"]) != k:
             raise ValueError(f"it names client {task['client-id']}")
-        reply = to_device(records.decode(msg.content, REPLY), self.device)  # CPU tensors off the wire
+        reply = to_device(codec.decode(msg.content, REPLY), self.device)  # CPU tensors off the wire
         if not isinstance(reply, dict):
             raise ValueError(f"its {REPLY!r} record is not a dict")
         up = tensor_bytes(reply)
         if mean is not None:  # SecAgg+: every reply holds the mean, the only model the server saw
             model = secagg.mean_model(mean, list(task[secagg.KEYS]), sent[MODEL])
             reply, up = {MODEL: to_device(model, self.device), **reply}, secagg.masked_bytes(msg)
-        metrics = records.get(msg.content, PERSONAL)
+        metrics = codec.get(msg.content, PERSONAL)
         self.clients_keep_state |= bool(task.get("has-state", False))
         return ClientReply(k, reply, metrics, down, up, clipped=bool(task.get("dp-clipped", False)))
 
@@ -169,7 +167,7 @@ class GridExecutor:
         :class:`StatesUnavailable` naming the clients that failed or did not answer in time."""
         messages = []
         for k in clients:
-            content = records.record_dict(**({STATE: states.get(k)} if states is not None else {}))
+            content = codec.record_dict(**({STATE: states.get(k)} if states is not None else {}))
             content[TASK] = ConfigRecord({"action": action, "client-id": k, "config": self.config_text})
             messages.append(Message(content, message_type=MessageType.QUERY, dst_node_id=self.nodes[k]))
         replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
@@ -191,7 +189,7 @@ class GridExecutor:
         if not self.clients_keep_state:
             return {}
         for msg in self._ask(GET_STATE, sorted(self.changed)):
-            k, state = int(msg.content[TASK]["client-id"]), records.get(msg.content, STATE)
+            k, state = int(msg.content[TASK]["client-id"]), codec.get(msg.content, STATE)
             if state is None:
                 self.known.pop(k, None)
             else:

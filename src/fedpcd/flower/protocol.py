@@ -2,7 +2,7 @@
 
 Every message carries a ConfigRecord ``fedpcd`` (the task: round, client id, evaluate flag and the run's
 resolved config as YAML, so any ClientApp process can rebuild the identical federation). Dicts of the
-algorithm contract travel through :mod:`fedpcd.flower.records` under these names:
+algorithm contract travel through :mod:`fedpcd.flower.codec` under these names:
 
 - ``payload``: ``algorithm.payload_for(server, k)`` (server -> client k);
 - ``reply``: the client's reply to ``aggregate``; ``personal``: its personal metrics (None if not evaluated);

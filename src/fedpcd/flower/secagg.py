@@ -55,7 +55,7 @@ from fedpcd.algorithms.context import MODEL, NUM_SAMPLES
 from fedpcd.config import SecAggConfig
 from fedpcd.engine.guard import first_nonfinite
 from fedpcd.errors import UserError
-from fedpcd.flower import records
+from fedpcd.flower import codec
 from fedpcd.flower.protocol import REPLY, TASK
 from fedpcd.utils import quiet
 
@@ -98,7 +98,7 @@ def pack_reply(reply: Mapping[str, Any], drop: bool) -> tuple[RecordDict, list[s
     model, rest = reply.get(MODEL), {k: v for k, v in reply.items() if k != MODEL}
     if not isinstance(model, Mapping) or not model:
         raise UserError("privacy.secagg: this algorithm's clients send no model to aggregate; turn it off")
-    clear = records.encode(rest, REPLY)
+    clear = codec.encode(rest, REPLY)
     extra = list(clear.get(f"{REPLY}.arrays", {}).keys())
     if extra:
         raise UserError(

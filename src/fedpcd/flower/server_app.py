@@ -1,12 +1,13 @@
 """The Flower ServerApp of every registered algorithm: the engine's round loop with ClientApps as clients.
 
 :func:`serve` finds the SuperNodes (``fedpcd.flower.discovery``: Flower node ids are random; a query round
-maps them to partition ids = client ids), then runs :func:`fedpcd.engine.rounds.run_rounds`, the round loop
-of the local backend too, with a :class:`~fedpcd.flower.grid_executor.GridExecutor` as its executor: the same
-sampling, screening, aggregation, evaluation, records, checkpoints and resume.
+maps them to partition ids = client ids), then runs :func:`fedpcd.engine.rounds.run_rounds` on the
+:class:`~fedpcd.engine.run.Run`, the round loop of the local backend too, with a
+:class:`~fedpcd.flower.grid_executor.GridExecutor` as its executor: the same sampling, screening,
+aggregation, evaluation, records, checkpoints and resume.
 
 Two ways in:
-- :func:`make_server_app` with a Config, for the in-process simulation (:func:`fedpcd.flower.run_flower`);
+- :func:`make_server_app` with a Run, for the in-process simulation (:func:`fedpcd.flower.run_flower`);
 - the module-level ``app`` for ``flwr run`` (``flower-app/pyproject.toml``); it reads the run config keys
   ``config-file`` (a fedpcd YAML; relative paths are tried against the working directory, then the app
   directory), ``overrides`` (space-separated ``KEY=VALUE`` fedpcd overrides), ``node-timeout`` and
@@ -33,12 +34,14 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedpcd.config import Config  # noqa: E402
 from fedpcd.engine.federation import Federation  # noqa: E402
-from fedpcd.engine.rounds import open_run, run_rounds  # noqa: E402
+from fedpcd.engine.rounds import RoundObserver, run_rounds  # noqa: E402
+from fedpcd.engine.run import Run  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import secagg  # noqa: E402
 from fedpcd.flower.discovery import PollingGrid, discover, federation_size, fit_to_federation  # noqa: E402
 from fedpcd.flower.grid_executor import GridExecutor  # noqa: E402
 from fedpcd.flower.protocol import config_text  # noqa: E402
+from fedpcd.observers import Callback, round_observers  # noqa: E402
 from fedpcd.resolve import load_config  # noqa: E402
 from fedpcd.run_format import headline  # noqa: E402
 
@@ -47,35 +50,41 @@ LOG = logging.getLogger("flwr")
 
 def serve(
     grid: Grid,
-    config: Config,
+    target: Config | Run,
     *,
     federation: Federation | None = None,
+    observers: Sequence[RoundObserver] | None = None,
     progress: bool = False,
     node_timeout: float = 300.0,
     round_timeout: float = 3600.0,
     stop: threading.Event | None = None,
     adapt_clients: bool = False,
     resume: bool = False,
-    allow_changes: Sequence[str] = (),
-    checkpoint: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole run on the server side: discovery, then the engine's round loop with the ClientApps as its
     executor (:class:`~fedpcd.flower.grid_executor.GridExecutor`); returns the summary.
 
-    The first SuperNode's ``num-partitions`` is checked against ``clients`` at once (``adapt_clients``: the
-    config follows the federation's size instead). A ClientApp that raises or does not reply within
-    ``round_timeout`` seconds is left out of its round (engine/guard.py); ``stop`` set from another thread
-    ends the run at the next poll (``discovery.Interrupted``). ``resume`` continues from the run directory's
-    checkpoint (the nodes get their client states back; ``checkpoint``: that checkpoint when the caller has
-    read and checked it already). The run directory is locked while the run lasts."""
+    ``target``: the run (opened by the caller, in-process) or, for ``flwr run``, its config: a new run, or
+    with ``resume`` the run in its ``output_dir`` continued from its checkpoint (the nodes get their client
+    states back). The first SuperNode's ``num-partitions`` is checked against ``clients`` at once
+    (``adapt_clients``, for a new run from a config: the config follows the federation's size instead). A
+    ClientApp that raises or does not reply within ``round_timeout`` seconds is left out of its round
+    (engine/guard.py); ``stop`` set from another thread ends the run at the next poll
+    (``discovery.Interrupted``). ``observers``: the round loop's (default: the trackers and no progress
+    bar); a log line per evaluated round is added. The run directory is locked while the run lasts."""
     fast = PollingGrid(grid, stop=stop)
-    config = fit_to_federation(
-        config, federation_size(fast, node_timeout), adapt_clients and federation is None and not resume
-    )
+    config = target.config if isinstance(target, Run) else target
+    adapt = adapt_clients and isinstance(target, Config) and not resume
+    config = fit_to_federation(config, federation_size(fast, node_timeout), adapt)
+    if isinstance(target, Run):
+        run = target
+    else:
+        run = Run.resume(config) if resume else Run.create(config)
+        config = run.config
+    if observers is None:
+        observers = round_observers(config, progress, desc=f"{config.algorithm.name} (flower)")
     LOG.info("fedpcd: run directory %s", Path(config.output_dir).resolve())
-    with open_run(
-        config, resume=resume, allow_changes=allow_changes, federation=federation, checkpoint=checkpoint
-    ) as (run_dir, checkpoint, fed):
+    with run.open(federation) as fed:
         secure = None
         if config.privacy.secagg is not None:  # W defaults to the largest client's training set
             largest = max(client.num_samples for client in fed.clients)
@@ -88,17 +97,7 @@ def serve(
             shown = " ".join(f"{label}={value}" for label, value in headline(record).items())
             LOG.info("round %d: %s, %.2f s", record["round"], shown, record["wall_s"])
 
-        return run_rounds(
-            config,
-            run_dir,
-            fed,
-            executor,
-            checkpoint,
-            restart=resume,
-            progress=progress,
-            desc=f"{config.algorithm.name} (flower)",
-            on_record=log,
-        )
+        return run_rounds(run, fed, executor, [*observers, Callback(log)], progress=progress)
 
 
 def _find_file(name: str, grid: Grid) -> Path:
@@ -128,45 +127,41 @@ def config_from_run_config(run_config: Any, grid: Grid) -> Config:
 
 
 def make_server_app(
-    config: Config | None = None,
+    run: Run | None = None,
     *,
     federation: Federation | None = None,
+    observers: Sequence[RoundObserver] | None = None,
     progress: bool = False,
     result: dict[str, Any] | None = None,
     on_finish: Callable[[], None] | None = None,
     stop: threading.Event | None = None,
-    resume: bool = False,
-    allow_changes: Sequence[str] = (),
-    checkpoint: dict[str, Any] | None = None,
 ) -> ServerApp:
-    """A ServerApp running ``config`` (None: read it from ``flwr run``'s run config).
+    """A ServerApp running ``run`` (None: a run of the config in ``flwr run``'s run config).
 
     The summary goes to ``result["summary"]`` when a dict is given (in the simulation the ServerApp runs
     in a thread of the caller's process); ``on_finish`` is called after the last round, while the
-    ClientApps are still up; ``stop`` set ends the run at the ServerApp's next poll; ``resume`` continues
-    the run directory's checkpoint (``allow_changes``: as ``fedpcd run --resume --allow-config-change``;
-    ``checkpoint``: that checkpoint, already read and checked by the caller)."""
+    ClientApps are still up; ``stop`` set ends the run at the ServerApp's next poll; ``observers``: the
+    round loop's (:func:`serve`)."""
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        rc = context.run_config
+        run_config = context.run_config
         try:
             summary = serve(
                 grid,
-                config if config is not None else config_from_run_config(rc, grid),
+                run if run is not None else config_from_run_config(run_config, grid),
                 federation=federation,
+                observers=observers,
                 progress=progress,
-                node_timeout=float(rc.get("node-timeout", 300.0)),
-                round_timeout=float(rc.get("round-timeout", 3600.0)),
+                node_timeout=float(run_config.get("node-timeout", 300.0)),
+                round_timeout=float(run_config.get("round-timeout", 3600.0)),
                 stop=stop,
-                adapt_clients=config is None and bool(rc.get("adapt-clients", True)),
-                resume=resume or bool(rc.get("resume", False)),
-                allow_changes=allow_changes,
-                checkpoint=checkpoint,
+                adapt_clients=run is None and bool(run_config.get("adapt-clients", True)),
+                resume=bool(run_config.get("resume", False)),
             )
         except UserError as exc:
-            if config is not None:  # in-process (fedpcd run backend=flower): the caller reports it
+            if run is not None:  # in-process (fedpcd run backend=flower): the caller reports it
                 raise
             LOG.error("fedpcd: error: %s", exc)  # `flwr run`: one line, not a traceback
             return

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from fedpcd.config import Config
+from fedpcd.engine.rounds import RoundObserver
+from fedpcd.engine.run import Run
 from fedpcd.errors import STOP_SIGNALS, UserError
 from fedpcd.flower import _env, procs, watchdog
 
@@ -75,42 +77,38 @@ def ray_backend_config(config: Config, verbose: bool = False, num_cpus: int | No
 
 
 def run_flower(
-    config: Config,
+    run: Run,
+    observers: Sequence[RoundObserver] = (),
     progress: bool = True,
     *,
     verbose: bool = False,
     num_cpus: int | None = None,
-    resume: bool = False,
-    allow_changes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run ``config`` through ``flwr.simulation.run_simulation``; write the run directory, return the summary.
+    """Run (or go on with) ``run`` through ``flwr.simulation.run_simulation``; write the run directory,
+    return the summary. Each round goes to the ``observers`` (:func:`fedpcd.engine.rounds.run_rounds`).
 
     Same seed, same config => the same metrics as the local backend (clients are trained from the same
-    payloads with the same seeded generators, replies are aggregated in client-id order). ``verbose``
-    shows Flower's and Ray's logs; ``num_cpus`` caps Ray's CPUs (ClientApps running at once). ``resume``
-    continues the run in ``output_dir`` from its checkpoint, on Flower (``resume_run`` calls this for runs
-    of ``backend: flower``).
+    payloads with the same seeded generators, replies are aggregated in client-id order); a resumed run
+    goes on from its checkpoint on Flower. ``verbose`` shows Flower's and Ray's logs; ``num_cpus`` caps
+    Ray's CPUs (ClientApps running at once).
     """
     _env.require_flwr()
     _env.require_ray()
     _env.set_offline_defaults()
-    from fedpcd.engine.rounds import open_run
-
     # every check, the checkpoint and the data (its problems included) before spending ~20 s on starting Ray
-    with open_run(config, resume=resume, allow_changes=allow_changes) as (_, checkpoint, fed):
-        return _run_simulation(config, fed, progress, verbose, num_cpus, resume, allow_changes, checkpoint)
+    with run.open() as fed:
+        return _run_simulation(run, fed, observers, progress, verbose, num_cpus)
 
 
 def _run_simulation(
-    config: Config,
+    run: Run,
     fed: Any,
+    observers: Sequence[RoundObserver],
     progress: bool,
     verbose: bool,
     num_cpus: int | None,
-    resume: bool,
-    allow_changes: Sequence[str],
-    checkpoint: dict[str, Any] | None,
 ) -> dict[str, Any]:
+    config = run.config
     result: dict[str, Any] = {}
     stop = threading.Event()  # set on the way out: the ServerApp thread stops polling at once
     threads_before = set(threading.enumerate())
@@ -135,15 +133,13 @@ def _run_simulation(
             started.update(procs.descendants(os.getpid()) - before)
 
         server_app = make_server_app(
-            config,
+            run,
             federation=fed,
+            observers=observers,
             progress=progress,
             result=result,
             on_finish=snapshot,
             stop=stop,
-            resume=resume,
-            allow_changes=allow_changes,
-            checkpoint=checkpoint,
         )
         guard = watchdog.start(base)  # stops what Ray leaves behind should this process be SIGKILLed
         before = procs.descendants(os.getpid())  # the watchdog included: it is not Ray's

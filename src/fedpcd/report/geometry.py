@@ -72,10 +72,10 @@ def run_geometry(run_dir: str | Path) -> dict[str, float | None]:
     checkpoint is loaded once, and each model (the global one, each client's personal one) makes one batched
     pass over the test set, whose class means serve all of that model's angles."""
     from fedpcd.algorithms.readout import feature_map
-    from fedpcd.engine import open_run
+    from fedpcd.engine import load_finished
     from fedpcd.engine.client_update import local_step
 
-    fed, algorithm, ckpt = open_run(run_dir)
+    fed, algorithm, ckpt = load_finished(run_dir)
     if fed.context.heterogeneous:
         raise UserError(f"{run_dir}: geometry compares one feature space; this run has several architectures")
     config = fed.config

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fedpcd.config_identity import flatten
 from fedpcd.labels import overrides_suffix, run_label
-from fedpcd.report import Run, _flatten, _preset_keys, group_runs, last_mean, setting_columns
+from fedpcd.report import Run, _preset_keys, group_runs, last_mean, setting_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -78,7 +79,7 @@ def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
     varying, _ = group_runs(list(runs))
     method_keys = [k for k in varying if k.partition(".")[0] == METHOD_SECTION]
     setting_keys = [k for k in varying if k.partition(".")[0] != METHOD_SECTION]
-    flats = [_flatten(run.config) for run in runs]
+    flats = [flatten(run.config) for run in runs]
     # the keys a run's preset sets (at the preset's value) are its method's: they name no setting
     presets = [_preset_keys(run) for run in runs]
     usual = {

@@ -21,17 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedpcd.config_identity import run_setting
-from fedpcd.report import (
-    Run,
-    _flatten,
-    _without_algorithm,
-    last_rounds_phrase,
-    mean_bytes,
-    mean_std,
-    paired_run,
-    swing,
-)
+from fedpcd.config_identity import flatten, run_setting
+from fedpcd.report import Run, _without_algorithm, last_rounds_phrase, mean_bytes, mean_std, paired_run, swing
 from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
 from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, run_value
 from fedpcd.report.verdict import critical_t, separation
@@ -149,7 +140,7 @@ DIVERGED = "DivergenceError"  # the error a stopped.json names for a run stopped
 
 def _setting_key(config: dict) -> str:
     """A run's setting apart from its algorithm and seed (runs equal in it share a column of the grid)."""
-    flat = _flatten(run_setting(config))
+    flat = flatten(run_setting(config))
     keep = {k: v for k, v in flat.items() if not k.startswith("algorithm.") and k != "seed"}
     return json.dumps(keep, sort_keys=True, default=str)
 

@@ -12,7 +12,7 @@ pytest.importorskip("flwr")
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict  # noqa: E402
 from flwr.common.serde import context_from_proto, context_to_proto, recorddict_from_proto, recorddict_to_proto  # noqa: E402
 
-from fedpcd.flower import records  # noqa: E402
+from fedpcd.flower import codec  # noqa: E402
 
 
 def _wire(rd: RecordDict) -> RecordDict:
@@ -37,7 +37,7 @@ def _same(a, b) -> bool:
 
 
 def _roundtrip(obj, name="x"):
-    out = records.decode(_wire(records.record_dict(**{name: obj})), name)
+    out = codec.decode(_wire(codec.record_dict(**{name: obj})), name)
     assert _same(obj, out), (obj, out)
     return out
 
@@ -100,48 +100,48 @@ def test_decoded_tensors_are_writable_and_independent():
 
 def test_non_contiguous_and_grad_tensors_encode():
     w = torch.randn(3, 4, requires_grad=True)
-    out = records.decode(_wire(records.record_dict(x={"w": w, "t": w.detach().t()})), "x")
+    out = codec.decode(_wire(codec.record_dict(x={"w": w, "t": w.detach().t()})), "x")
     assert torch.equal(out["w"], w.detach()) and torch.equal(out["t"], w.detach().t())
 
 
 def test_records_layout_tensors_in_arrayrecord_scalars_in_configrecord():
-    rd = records.record_dict(p={"model": {"w": torch.ones(2)}, "n": 3})
+    rd = codec.record_dict(p={"model": {"w": torch.ones(2)}, "n": 3})
     assert isinstance(rd["p.arrays"], ArrayRecord) and list(rd["p.arrays"]) == ["model/w"]
     assert isinstance(rd["p.config"], ConfigRecord) and rd["p.config"]["n"] == 3
     assert isinstance(rd["p.meta"], ConfigRecord)
-    scalars_only = records.record_dict(q={"n": 1})
+    scalars_only = codec.record_dict(q={"n": 1})
     assert "q.arrays" not in scalars_only and "q.config" in scalars_only
 
 
 def test_several_objects_share_one_recorddict():
-    rd = _wire(records.record_dict(reply={"num_samples": 3}, personal=None, other={"t": torch.ones(1)}))
-    assert records.decode(rd, "reply") == {"num_samples": 3}
-    assert records.decode(rd, "personal") is None
-    assert torch.equal(records.decode(rd, "other")["t"], torch.ones(1))
+    rd = _wire(codec.record_dict(reply={"num_samples": 3}, personal=None, other={"t": torch.ones(1)}))
+    assert codec.decode(rd, "reply") == {"num_samples": 3}
+    assert codec.decode(rd, "personal") is None
+    assert torch.equal(codec.decode(rd, "other")["t"], torch.ones(1))
 
 
 def test_put_replaces_previous_object_in_context_state():
     ctx = Context(run_id=1, node_id=2, node_config={}, state=RecordDict(), run_config={})
-    records.put(ctx.state, "state", {"head": {"w": torch.ones(2)}, "step": 1})
-    records.put(ctx.state, "state", {"step": 2})  # no tensors any more: the old ArrayRecord must go
+    codec.put(ctx.state, "state", {"head": {"w": torch.ones(2)}, "step": 1})
+    codec.put(ctx.state, "state", {"step": 2})  # no tensors any more: the old ArrayRecord must go
     assert "state.arrays" not in ctx.state
     back = context_from_proto(context_to_proto(ctx))
-    assert records.get(back.state, "state") == {"step": 2}
-    assert records.get(back.state, "missing", default="absent") == "absent"
-    records.clear(ctx.state, "state")
-    assert records.get(ctx.state, "state") is None
+    assert codec.get(back.state, "state") == {"step": 2}
+    assert codec.get(back.state, "missing", default="absent") == "absent"
+    codec.clear(ctx.state, "state")
+    assert codec.get(ctx.state, "state") is None
 
 
 def test_unsupported_values_fail_with_the_path():
     with pytest.raises(TypeError, match="deep/x"):
-        records.encode({"deep": {"x": object()}}, "p")
+        codec.encode({"deep": {"x": object()}}, "p")
     with pytest.raises(TypeError, match="only str keys"):
-        records.encode({1: torch.ones(1)}, "p")
+        codec.encode({1: torch.ones(1)}, "p")
     with pytest.raises(TypeError):
-        records.encode({"mixed": [1, "a"]}, "p")
+        codec.encode({"mixed": [1, "a"]}, "p")
     with pytest.raises(TypeError, match="bfloat16"):
-        records.encode({"w": torch.ones(1, dtype=torch.bfloat16)}, "p")
+        codec.encode({"w": torch.ones(1, dtype=torch.bfloat16)}, "p")
     with pytest.raises(TypeError, match="dict or None"):
-        records.encode([1, 2], "p")
+        codec.encode([1, 2], "p")
     with pytest.raises(KeyError):
-        records.decode(RecordDict(), "p")
+        codec.decode(RecordDict(), "p")
