@@ -167,12 +167,12 @@ def test_readme_use_commands_that_need_no_training_run_on_a_fresh_clone(tmp_path
 
 
 def test_ctrl_c_names_the_command_that_resumes_this_run(tmp_path, monkeypatch, capsys):
-    import fedpcd.engine
+    import fedpcd.backends
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fedpcd.engine, "run_experiment", interrupted)
+    monkeypatch.setattr(fedpcd.backends, "run_experiment", interrupted)
     out = tmp_path / "my-run"
     assert main(["run", "dataset.name=synthetic", f"output_dir={out}"]) == 130
     assert capsys.readouterr().err.strip() == f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"

@@ -258,3 +258,16 @@ def test_the_update_policy_has_one_home():
         and ('clipping == "client"' in path.read_text() or 'on_divergence == "drop"' in path.read_text())
     ]
     assert not found, found
+
+
+def test_a_resume_reads_its_checkpoint_once(tmp_path, monkeypatch):
+    """Run.resume reads and checks the checkpoint; the backend and the round loop use that one."""
+    from fedpcd.backends import resume_run
+
+    out = tmp_path / "run"
+    run_experiment(load_config(None, [*SMALL, "clients=2", "rounds=1", f"output_dir={out}"]), progress=False)
+    loads = []
+    real = RunDir.load_checkpoint
+    monkeypatch.setattr(RunDir, "load_checkpoint", lambda self, *a: loads.append(1) or real(self, *a))
+    summary = resume_run(out, progress=False, changes=["rounds=2"])
+    assert summary["rounds"] == 2 and len(loads) == 1

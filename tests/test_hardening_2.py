@@ -355,12 +355,12 @@ def test_a_name_over_255_bytes_is_one_line(tmp_path, capsys):
 
 
 def test_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
-    import fedpcd.engine
+    import fedpcd.backends
 
     def exhausted(config, progress=True):
         raise MemoryError
 
-    monkeypatch.setattr(fedpcd.engine, "run_experiment", exhausted)
+    monkeypatch.setattr(fedpcd.backends, "run_experiment", exhausted)
     assert main(["run", "--quiet", *RUN, f"output_dir={tmp_path / 'run'}"]) == 2
     assert _error_line(capsys).startswith(
         "fedpcd: error: out of memory; free memory, or make the run smaller"

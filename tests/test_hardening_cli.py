@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import fedpcd.engine
+import fedpcd.backends
 import fedpcd.utils
 from fedpcd.cli import main
 from fedpcd.errors import RunInUseError, UserError
@@ -438,7 +438,7 @@ def test_sweep_skips_a_run_locked_by_another_process_and_exits_2(tmp_path, capsy
 def test_sweep_exits_0_when_another_sweep_finished_the_runs_it_could_not(tmp_path, monkeypatch, capsys):
     """Two sweeps on one folder: whatever this one could not run (held by the other, or finished by it while
     this one ran something else) counts as finished when it is at the end."""
-    real = fedpcd.engine.run_experiment
+    real = fedpcd.backends.run_experiment
     path = _sweep_file(tmp_path, tmp_path / "runs")
     configs = expand_sweep(path)
 
@@ -449,7 +449,7 @@ def test_sweep_exits_0_when_another_sweep_finished_the_runs_it_could_not(tmp_pat
             raise RunInUseError(f"{config.output_dir} is in use by another fedpcd process (pid 1)")
         raise AssertionError("seed1 was run twice")
 
-    monkeypatch.setattr(fedpcd.engine, "run_experiment", other_sweep_too)
+    monkeypatch.setattr(fedpcd.backends, "run_experiment", other_sweep_too)
     assert main(["sweep", "--config", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"skip {configs[0].output_dir} is in use" in out
@@ -458,14 +458,14 @@ def test_sweep_exits_0_when_another_sweep_finished_the_runs_it_could_not(tmp_pat
 
 
 def test_sweep_with_a_failed_run_counts_it(tmp_path, monkeypatch, capsys):
-    real = fedpcd.engine.run_experiment
+    real = fedpcd.backends.run_experiment
 
     def fail_seed1(config, progress=False):
         if config.output_dir.endswith("seed1"):
             raise UserError("diverged\nsecond line")
         return real(config, progress=progress)
 
-    monkeypatch.setattr(fedpcd.engine, "run_experiment", fail_seed1)
+    monkeypatch.setattr(fedpcd.backends, "run_experiment", fail_seed1)
     out = tmp_path / "runs"
     assert main(["sweep", "--config", str(_sweep_file(tmp_path, out))]) == 2
     assert capsys.readouterr().err == (

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import fedpcd.api
-import fedpcd.engine
+import fedpcd.backends
 import fedpcd.logs
 import fedpcd.sweep
 from fedpcd.cli import INIT_FILE, LIST_WIDTH, main
@@ -105,7 +105,7 @@ def test_every_command_with_a_config_takes_a_shipped_name(tmp_path, monkeypatch,
         seen.append(config)
         return {"final": {}, "best": {}, "wall_s": 0.0}
 
-    monkeypatch.setattr(fedpcd.engine, "run_experiment", run_experiment)
+    monkeypatch.setattr(fedpcd.backends, "run_experiment", run_experiment)
     assert main(["run", "--config", "example", "rounds=2"]) == 0
     assert seen[0].rounds == 2 and seen[0].output_dir == "runs/example"
     for command in (["run"], ["partition"], ["sweep"], ["config", "show"]):
@@ -222,7 +222,7 @@ def test_quiet_still_hides_the_progress_bar_of_run_and_demo(monkeypatch, verbosi
         shown.append(progress)
         return ""
 
-    monkeypatch.setattr(fedpcd.engine, "run_experiment", run_experiment)
+    monkeypatch.setattr(fedpcd.backends, "run_experiment", run_experiment)
     monkeypatch.setattr("fedpcd.demo.run_demo", run_demo)
 
     for argv in (["run", "--quiet"], ["-q", "run"], ["run"], ["-v", "run"], ["demo", "-q"], ["demo"]):
