@@ -96,7 +96,8 @@ def test_sweep_folder_links_are_refused_and_nothing_is_written_outside(tmp_path,
 def test_a_link_planted_after_the_sweep_started_is_not_followed(tmp_path):
     """The index is opened without following a link whenever it is written (not only at the start)."""
     from fedpcd.errors import UserError
-    from fedpcd.sweep import expand_sweep, write_index
+    from fedpcd.sweep.grid import expand_sweep
+    from fedpcd.sweep.index import write_index
 
     out, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
     configs = expand_sweep(_sweep_file(tmp_path, out))
@@ -133,13 +134,13 @@ def test_progress_line_counts_running_rounds_and_eta(tmp_path):
     """By hand: 2 of 5 done (10 s and 20 s), 1 failed, 2 left on 2 jobs: ETA 2 * 15 s / 2 = 15 s; a running
     run shows its last evaluated round from its metrics.jsonl."""
     from fedpcd.config import load_config
-    from fedpcd.sweep import _Progress
+    from fedpcd.sweep.progress import Progress
 
     cfg = load_config(None, [*RUN, "rounds=7", f"output_dir={tmp_path / 'seed3'}"])
     (tmp_path / "seed3").mkdir()
     (tmp_path / "seed3" / "metrics.jsonl").write_text('{"round": 1}\n{"round": 4}\n{"rou')  # torn last line
     (tmp_path / "seed3" / ".lock").write_text(str(os.getpid()))  # its process holds the run's lock
-    progress = _Progress(total=5, done=0, todo=5, jobs=2)
+    progress = Progress(total=5, done=0, todo=5, jobs=2)
     progress.end("a", "done", 10.0)
     progress.end("b", "done", 20.0)
     progress.end("c", "failed")

@@ -21,9 +21,9 @@ import fedpcd
 from fedpcd import api
 from fedpcd.config import load_config
 from fedpcd.errors import STOP_SIGNALS, UserError
-from fedpcd.report import read_metrics, read_summary
+from fedpcd.run_read import read_metrics, read_summary
 from fedpcd.run_schema import MAX_ROUNDS, Record, Summary, check
-from fedpcd.sweep import MAX_RUNS, expand_sweep
+from fedpcd.sweep.grid import MAX_RUNS, expand_sweep
 from fedpcd.utils import read_user_bytes, read_user_text, show_text
 
 SRC = str(Path(fedpcd.__file__).resolve().parents[1])  # this checkout's package, for the subprocesses
@@ -176,7 +176,7 @@ def test_the_schemas_admit_what_the_engine_writes():
 
 
 def test_a_sweep_index_row_out_of_its_schema_is_one_line(tmp_path):
-    from fedpcd.sweep import INDEX_COLUMNS, INDEX_FILE
+    from fedpcd.sweep.index import INDEX_COLUMNS, INDEX_FILE
 
     index = tmp_path / INDEX_FILE
     columns = ", ".join(f"{name} {kind}" for name, kind in INDEX_COLUMNS.items())
@@ -211,9 +211,9 @@ def test_a_sweep_grid_over_the_limit_is_counted_and_refused_before_it_is_built(t
 
 
 def test_a_sweep_grid_at_the_limit_is_not_refused_by_the_count(tmp_path, monkeypatch):
-    import fedpcd.sweep as sweep_module
+    import fedpcd.sweep.grid as sweep_grid
 
-    monkeypatch.setattr(sweep_module, "MAX_RUNS", 4)
+    monkeypatch.setattr(sweep_grid, "MAX_RUNS", 4)
     path = tmp_path / "sweep.yaml"
     path.write_text(
         yaml.safe_dump({"output_dir": str(tmp_path / "s"), "sweep": {"seed": [0, 1], "rounds": [1, 2]}})

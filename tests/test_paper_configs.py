@@ -34,7 +34,7 @@ from fedpcd.config import Config, config_from_dict
 from fedpcd.data.datasets import load_dataset, stratified_subset
 from fedpcd.data.files import SKIP_CHECKSUMS_VAR
 from fedpcd.engine import run_experiment
-from fedpcd.sweep import expand_sweep
+from fedpcd.sweep.grid import expand_sweep
 
 PAPER = sorted((Path(__file__).parent.parent / "configs" / "paper").glob("*.yaml"))
 ALL_CELLS = os.environ.get("FEDPCD_PAPER_CONFIGS") == "all"

@@ -176,7 +176,7 @@ def test_a_file_or_override_that_pins_preset_keys_is_one_warning_line_naming_eac
 
 
 def test_a_sweep_warns_once_per_distinct_set_of_overrides(tmp_path, capsys):
-    from fedpcd.sweep import expand_sweep
+    from fedpcd.sweep.grid import expand_sweep
 
     path = tmp_path / "s.yaml"
     path.write_text(
@@ -222,8 +222,8 @@ def test_preset_overrides_and_the_label_of_old_and_new_runs():
 
 def test_a_run_records_its_preset_and_logs_the_warning_and_the_report_names_the_override(tmp_path, capsys):
     from fedpcd.cli import main
-    from fedpcd.report import load_runs
     from fedpcd.report.grid import build_grid
+    from fedpcd.report.read import load_runs
 
     common = [*TINY, "algorithm.name=fedgela", "algorithm.preset=official", "engine.workers=1"]
     assert main(["-q", "run", *common, f"output_dir={tmp_path / 'a'}"]) == 0

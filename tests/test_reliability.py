@@ -25,7 +25,7 @@ from fedpcd.engine import resume_run, run_experiment
 from fedpcd.engine.records import read_records, record_line
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import DivergenceError, UserError
-from fedpcd.sweep import run_status
+from fedpcd.sweep.status import run_status
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=50"]
 # per-algorithm settings that keep a 2-round run short (defaults sized for real data)

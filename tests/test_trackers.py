@@ -16,7 +16,7 @@ from fedpcd.config import canonical_config, load_config
 from fedpcd.engine.records import record_line
 from fedpcd.errors import UserError
 from fedpcd.run_format import RunFiles
-from fedpcd.sweep import expand_sweep
+from fedpcd.sweep.grid import expand_sweep
 from fedpcd.trackers import INSTALL, check_trackers, open_trackers, scalars
 
 ALL = "tracking.loggers=[csv,tensorboard,wandb,mlflow]"

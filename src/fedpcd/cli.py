@@ -107,7 +107,9 @@ def cmd_partition(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    from fedpcd.sweep import expand_sweep, run_status, run_sweep
+    from fedpcd.sweep.grid import expand_sweep
+    from fedpcd.sweep.run import run_sweep
+    from fedpcd.sweep.status import run_status
 
     if args.dry_run:
         for cfg in expand_sweep(args.config, args.overrides):
@@ -248,7 +250,7 @@ def cmd_config_show(args: argparse.Namespace) -> None:
     from fedpcd.config_input import read_yaml
 
     if args.config and "sweep" in read_yaml(args.config):  # every run of the grid, one YAML document each
-        from fedpcd.sweep import expand_sweep
+        from fedpcd.sweep.grid import expand_sweep
 
         configs = expand_sweep(args.config, args.overrides)
         for i, config in enumerate(configs, 1):

@@ -22,18 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedpcd.config import run_setting
-from fedpcd.report import (
-    Run,
-    _flatten,
-    _without_algorithm,
-    last_rounds_phrase,
-    mean_bytes,
-    mean_std,
-    paired_run,
-    swing,
-)
 from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
 from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, run_value
+from fedpcd.report.groups import flatten, paired_run, without_algorithm
+from fedpcd.report.read import Run
+from fedpcd.report.stats import last_rounds_phrase, mean_bytes, mean_std, swing
 from fedpcd.report.verdict import critical_t, separation
 from fedpcd.run_format import GA, HEADLINE, REPORTED
 from fedpcd.utils import atomic_write_text, read_json
@@ -45,9 +38,9 @@ ARROWS = {1: "↑", -1: "↓"}
 
 
 def _reference_runs(grid: Grid, reference: str) -> dict[str, Run]:
-    """The runs of ``reference``'s method(s) by their whole setting and seed (``_without_algorithm``)."""
+    """The runs of ``reference``'s method(s) by their whole setting and seed (``without_algorithm``)."""
     return {
-        _without_algorithm(run): run
+        without_algorithm(run): run
         for (method, _), members in grid.cells.items()
         if method.split()[0] == reference
         for run in members
@@ -149,7 +142,7 @@ DIVERGED = "DivergenceError"  # the error a stopped.json names for a run stopped
 
 def _setting_key(config: dict) -> str:
     """A run's setting apart from its algorithm and seed (runs equal in it share a column of the grid)."""
-    flat = _flatten(run_setting(config))
+    flat = flatten(run_setting(config))
     keep = {k: v for k, v in flat.items() if not k.startswith("algorithm.") and k != "seed"}
     return json.dumps(keep, sort_keys=True, default=str)
 
@@ -166,7 +159,7 @@ def diverged_cells(grid: Grid) -> set[tuple[str, str]]:
     setting (``_setting_key``); a stopped run matching no method or no setting of the grid is not placed."""
     from fedpcd.config_input import read_yaml
     from fedpcd.errors import UserError
-    from fedpcd.report import current_form
+    from fedpcd.report.read import current_form
     from fedpcd.run_format import RunFiles
 
     methods, settings, folders = {}, {}, set()
