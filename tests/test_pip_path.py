@@ -16,10 +16,12 @@ import fedpcd.api
 import fedpcd.engine
 import fedpcd.logs
 import fedpcd.sweep.run
-from fedpcd.cli import INIT_FILE, LIST_WIDTH, main
+from fedpcd.cli import main
+from fedpcd.cli_args import INIT_FILE
 from fedpcd.config import config_yaml, load_config
 from fedpcd.config_input import config_path, shipped_configs
 from fedpcd.errors import UserError
+from fedpcd.listing import LIST_WIDTH
 from fedpcd.sweep.grid import expand_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

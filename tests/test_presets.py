@@ -118,7 +118,8 @@ def _warnings(capsys) -> list[str]:
 def test_the_example_and_inits_file_leave_every_preset_key_to_the_preset(tmp_path, monkeypatch, capsys):
     """`--config example` (and the file `fedpcd init` writes) + a preset resolve to the preset's values,
     with no warning: the example's keys are commented out."""
-    from fedpcd.cli import INIT_FILE, main
+    from fedpcd.cli import main
+    from fedpcd.cli_args import INIT_FILE
 
     monkeypatch.chdir(tmp_path)
     assert main(["init"]) == 0
