@@ -18,6 +18,7 @@ IGNORED = {"seed", "output_dir"}
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config as dotted keys -> values; a list or mapping as JSON text, a partition's ``then`` whole."""
     out: dict[str, Any] = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"

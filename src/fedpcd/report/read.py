@@ -18,6 +18,8 @@ from fedpcd.utils import path_error, read_json, show_path
 
 @dataclass
 class Run:
+    """A finished run as the report reads it: its folder, config (current form), records and summary."""
+
     path: Path
     config: dict[str, Any]
     records: list[dict[str, Any]]
