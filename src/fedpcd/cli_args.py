@@ -237,7 +237,7 @@ COMMANDS = (
 
 def _add_verbosity(parser: argparse.ArgumentParser, prefix: str = "", quiet_note: str = "") -> None:
     """-v/--verbose and -q/--quiet, counted: before the command (``prefix`` "") and after it (``"sub_"``);
-    :func:`main` adds the two counts up."""
+    :func:`parse_args` adds the two counts up."""
     parser.add_argument(
         "-v",
         "--verbose",
