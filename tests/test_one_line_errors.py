@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import fedpcd
+from fedpcd import procs_guard
 from fedpcd.cli import main
 from fedpcd.config import load_config
 from fedpcd.config_input import MAX_CONFIG_BYTES
@@ -190,6 +191,16 @@ def _start_cli(argv: list[str], out_dir: Path, **popen: object) -> subprocess.Po
             start_new_session=True,
             **popen,
         )
+
+
+@pytest.fixture
+def no_limit(monkeypatch):
+    monkeypatch.setattr(procs_guard, "_address_space_limit", lambda: None)
+
+
+@pytest.fixture
+def limit_600_mib(monkeypatch):
+    monkeypatch.setattr(procs_guard, "_address_space_limit", lambda: 600 * 2**20)
 
 
 def _chained(outer: BaseException, inner: BaseException) -> BaseException:
