@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from fedpcd.report import group_runs, last_mean, load_runs, mean_std, setting_columns
+from fedpcd.report.groups import group_runs, setting_columns
+from fedpcd.report.read import load_runs
+from fedpcd.report.stats import last_mean, mean_std
 
 
 def best_round(records: list[dict]) -> float:

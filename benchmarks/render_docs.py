@@ -31,7 +31,7 @@ directive:
 
 A paired claim whose runs were not all made by one clean commit (summary.json's code record) renders its
 numbers but refuses ``verdict`` and ``says`` (naming the runs); a folder holding the same config twice
-refuses both runs (``fedpcd.report.load_runs``).
+refuses both runs (``fedpcd.report.read.load_runs``).
 
 Outside directives a template may hold no result number and no word of the verdict vocabulary
 (``scan_template``), except in a block that ``<!-- not a result: REASON -->`` exempts (REASON in
@@ -58,20 +58,14 @@ import jinja2
 import yaml
 
 from fedpcd.labels import run_label
-from fedpcd.report import (
-    group_runs,
-    load_runs,
-    mean_std,
-    refuse_duplicates,
-    report_table,
-    rounds_to_target,
-    same_setting,
-    swing,
-)
 from fedpcd.report import verdict as verdict_scale
 from fedpcd.report.document import write_report
 from fedpcd.report.grid import build_grid, run_value
+from fedpcd.report.groups import group_runs, same_setting
 from fedpcd.report.paper import cells_csv, figure_sections
+from fedpcd.report.read import load_runs, refuse_duplicates
+from fedpcd.report.stats import mean_std, rounds_to_target, swing
+from fedpcd.report.tables import report_table
 from fedpcd.report.verdict import separation, verdict
 from fedpcd.run_format import CODE, comparable
 

@@ -25,7 +25,8 @@ from fedpcd.data.partition import PARTITIONERS, make_partition
 from fedpcd.data.stats import count_matrix
 from fedpcd.engine.rundir import RunDir
 from fedpcd.run_format import RunFiles
-from fedpcd.sweep import INDEX_COLUMNS, run_sweep
+from fedpcd.sweep.index import INDEX_COLUMNS
+from fedpcd.sweep.run import run_sweep
 
 TINY = {"dataset.train_fraction": 0.05, "clients": 3, "rounds": 2}  # the tiny Fashion-MNIST run
 # a config whose algorithm section the override switches: as on the command line, mu must be dropped

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from fedpcd.catalog import HOMES, registry
-from fedpcd.cli import build_parser, main
+from fedpcd.cli import main
+from fedpcd.cli_args import build_parser
 
 # runs each argv of the JSON list in argv[1] through fedpcd's main, then prints [argv, exit code, torch?]
 RUNNER = """

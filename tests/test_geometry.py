@@ -13,8 +13,9 @@ from fedpcd.backends import run_experiment
 from fedpcd.cli import main
 from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError
-from fedpcd.report import load_runs, report_table
 from fedpcd.report.geometry import class_means, mean_angle, run_geometry
+from fedpcd.report.read import load_runs
+from fedpcd.report.tables import report_table
 from fedpcd.resolve import load_config
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32", "clients=4"]

@@ -20,7 +20,8 @@ import fedpcd.utils
 from fedpcd.cli import main
 from fedpcd.errors import RunInUseError, UserError
 from fedpcd.resolve import load_config
-from fedpcd.sweep import expand_sweep, run_status
+from fedpcd.sweep.grid import expand_sweep
+from fedpcd.sweep.status import run_status
 from fedpcd.utils import atomic_write_text, read_json
 
 RUN = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "rounds=1", "clients=2"]

@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("front", (ROOT,)),
 ]
 
+
 def _modules() -> dict[str, Path]:
     out = {}
     for path in (SRC / "fedpcd").rglob("*.py"):

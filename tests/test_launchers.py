@@ -23,7 +23,7 @@ from conftest import run_records, run_summary
 from fedpcd.cli import main
 from fedpcd.launchers import SLURM_TIME_MIN, parse_slurm
 from fedpcd.resolve import load_config
-from fedpcd.sweep import _Progress
+from fedpcd.sweep.progress import Progress
 
 requires = {
     module: pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} not installed")
@@ -219,7 +219,7 @@ def test_parse_slurm_by_hand():
 def test_eta_without_a_fixed_number_of_jobs_divides_by_the_runs_running(tmp_path):
     """Slurm's queue decides how many run at once: 2 of 6 done (10 s and 20 s), 4 left: ETA 4 * 15 s / the
     runs running now (at least 1). A run counts as running once its process holds its lock."""
-    progress = _Progress(total=6, done=0, todo=6, jobs=None)
+    progress = Progress(total=6, done=0, todo=6, jobs=None)
     progress.end("a", "done", 10.0)
     progress.end("b", "done", 20.0)
     assert progress.line() == "sweep: 2/6 finished, 0 running; ETA 60 s"

@@ -164,7 +164,7 @@ def test_descriptions_cite_nothing_outside_the_repository():
 
 
 def test_shorten_keeps_a_fitting_first_sentence_and_cuts_a_long_one_at_a_word_with_an_ellipsis():
-    from fedpcd.cli import shorten
+    from fedpcd.listing import shorten
 
     doc = "FedX: a method\n    spanning two lines (Doe et al., 2024). Then more.\n\nDetails."
     assert shorten(doc, 80) == "FedX: a method spanning two lines (Doe et al., 2024)."
@@ -179,7 +179,7 @@ def test_shorten_keeps_a_fitting_first_sentence_and_cuts_a_long_one_at_a_word_wi
 
 
 def test_plain_list_lines_fit_and_mark_every_shortened_description(capsys):
-    from fedpcd.cli import LIST_WIDTH
+    from fedpcd.listing import LIST_WIDTH
     from fedpcd.utils import plain_text
 
     assert main(["list"]) == 0

@@ -161,7 +161,8 @@ def test_named_repository_paths_exist():
 
 
 def test_cli_help_and_list_cite_nothing_outside_the_repository(capsys):
-    from fedpcd.cli import build_parser, main
+    from fedpcd.cli import main
+    from fedpcd.cli_args import build_parser
 
     parser = build_parser()
     texts = [parser.format_help()]

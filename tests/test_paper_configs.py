@@ -36,7 +36,7 @@ from fedpcd.data.datasets import load_dataset
 from fedpcd.data.files import SKIP_CHECKSUMS_VAR
 from fedpcd.data.tensors import stratified_subset
 from fedpcd.resolve import config_from_dict
-from fedpcd.sweep import expand_sweep
+from fedpcd.sweep.grid import expand_sweep
 
 PAPER = sorted((Path(__file__).parent.parent / "configs" / "paper").glob("*.yaml"))
 ALL_CELLS = os.environ.get("FEDPCD_PAPER_CONFIGS") == "all"

@@ -16,12 +16,15 @@ import fedpcd.api
 import fedpcd.backends
 import fedpcd.logs
 import fedpcd.sweep
-from fedpcd.cli import INIT_FILE, LIST_WIDTH, main
+import fedpcd.sweep.run
+from fedpcd.cli import main
+from fedpcd.cli_args import INIT_FILE
 from fedpcd.config_identity import config_yaml
 from fedpcd.config_input import config_path, shipped_configs
 from fedpcd.errors import UserError
+from fedpcd.listing import LIST_WIDTH
 from fedpcd.resolve import load_config
-from fedpcd.sweep import expand_sweep
+from fedpcd.sweep.grid import expand_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_CONFIGS = resources.files("fedpcd") / "configs"
@@ -125,7 +128,7 @@ def test_the_api_takes_a_shipped_name_as_the_command_line_does(tmp_path, monkeyp
     result = fedpcd.run("example", rounds=1, output_dir="runs/api", **small)
     assert result.config.rounds == 1 and result.config.local.lr == load_config(str(EXAMPLE)).local.lr
     swept = []
-    monkeypatch.setattr(fedpcd.sweep, "run_sweep", lambda path, items, jobs: swept.append((path, items)))
+    monkeypatch.setattr(fedpcd.sweep.run, "run_sweep", lambda path, items, jobs: swept.append((path, items)))
     with pytest.raises(UserError, match="no sweep index"):  # nothing ran: no index to return
         fedpcd.api.sweep("repro/fedmr-fmnist", overrides={"rounds": 1})
     assert swept == [(str(PACKAGE_CONFIGS / "repro" / "fedmr-fmnist.yaml"), ["rounds=1"])]

@@ -119,7 +119,8 @@ def _warnings(capsys) -> list[str]:
 def test_the_example_and_inits_file_leave_every_preset_key_to_the_preset(tmp_path, monkeypatch, capsys):
     """`--config example` (and the file `fedpcd init` writes) + a preset resolve to the preset's values,
     with no warning: the example's keys are commented out."""
-    from fedpcd.cli import INIT_FILE, main
+    from fedpcd.cli import main
+    from fedpcd.cli_args import INIT_FILE
 
     monkeypatch.chdir(tmp_path)
     assert main(["init"]) == 0
@@ -177,7 +178,7 @@ def test_a_file_or_override_that_pins_preset_keys_is_one_warning_line_naming_eac
 
 
 def test_a_sweep_warns_once_per_distinct_set_of_overrides(tmp_path, capsys):
-    from fedpcd.sweep import expand_sweep
+    from fedpcd.sweep.grid import expand_sweep
 
     path = tmp_path / "s.yaml"
     path.write_text(
@@ -223,8 +224,8 @@ def test_preset_overrides_and_the_label_of_old_and_new_runs():
 
 def test_a_run_records_its_preset_and_logs_the_warning_and_the_report_names_the_override(tmp_path, capsys):
     from fedpcd.cli import main
-    from fedpcd.report import load_runs
     from fedpcd.report.grid import build_grid
+    from fedpcd.report.read import load_runs
 
     common = [*TINY, "algorithm.name=fedgela", "algorithm.preset=official", "engine.workers=1"]
     assert main(["-q", "run", *common, f"output_dir={tmp_path / 'a'}"]) == 0

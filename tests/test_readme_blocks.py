@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from doc_blocks import PAGES, ROOT, block_code, blocks, doc_pages, fedpcd_commands, shortened
-from fedpcd.cli import INIT_FILE, parse_args
+from fedpcd.cli_args import INIT_FILE, parse_args
 from fedpcd.config_input import config_path
 from fedpcd.errors import UserError
 

@@ -21,11 +21,12 @@ from conftest import run_records, run_summary
 from fedpcd.algorithms import ALGORITHMS, FedAvg
 from fedpcd.backends import resume_run, run_experiment
 from fedpcd.cli import main
-from fedpcd.engine.records import read_records, record_line
+from fedpcd.engine.records import record_line
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import DivergenceError, UserError
 from fedpcd.resolve import load_config
-from fedpcd.sweep import run_status
+from fedpcd.run_read import read_metrics
+from fedpcd.sweep.status import run_status
 
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=16", "local.batch_size=50"]
 # per-algorithm settings that keep a 2-round run short (defaults sized for real data)
@@ -181,7 +182,9 @@ def test_torn_metrics_line_on_resume(tmp_path, monkeypatch):
         run_experiment(_cfg(tmp_path, "cut", *args), progress=False)
     with open(tmp_path / "cut" / "metrics.jsonl", "a") as fh:
         fh.write('{"round": 3, "global_acc": 0.1')  # a write cut short by a kill
-    assert len(read_records(tmp_path / "cut" / "metrics.jsonl")) == 2  # the torn line is ignored
+    assert (
+        len(read_metrics(tmp_path / "cut" / "metrics.jsonl", resuming=True)) == 2
+    )  # the torn line is ignored
     resume_run(tmp_path / "cut", progress=False)
     assert run_records(tmp_path / "cut") == run_records(tmp_path / "full")
 
@@ -190,7 +193,7 @@ def test_corrupt_metrics_line_is_a_user_error(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"round": 1}\nnot json\n{"round": 2}\n')
     with pytest.raises(UserError, match="line 2 is not valid JSON"):
-        read_records(path)
+        read_metrics(path, resuming=True)
 
 
 def test_run_files_honour_the_umask(tmp_path):
@@ -348,7 +351,9 @@ def test_second_process_on_a_running_directory_exits_2_naming_the_holder(tmp_pat
         assert main(["run", "--resume", str(out), "--quiet"]) == 2
         err = capsys.readouterr().err
         assert f"in use by another fedpcd process (pid {holder.pid})" in err
-        assert [r["round"] for r in read_records(out / "metrics.jsonl")] == [1]  # nothing duplicated
+        assert [r["round"] for r in read_metrics(out / "metrics.jsonl", resuming=True)] == [
+            1
+        ]  # nothing duplicated
     finally:
         holder.kill()
         holder.wait()

@@ -13,8 +13,9 @@ import pytest
 from matplotlib.figure import Figure
 
 from fedpcd.cli import main
-from fedpcd.report import load_runs, plot_curves
 from fedpcd.report.document import make_report
+from fedpcd.report.figures import plot_curves
+from fedpcd.report.read import load_runs
 
 TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "clients=3", "eval_every=1"]
 

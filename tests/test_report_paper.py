@@ -19,7 +19,6 @@ import yaml
 
 from fedpcd.cli import main
 from fedpcd.errors import UserError
-from fedpcd.report import Run
 from fedpcd.report.grid import build_grid, partition_name
 from fedpcd.report.paper import (
     cells_csv,
@@ -32,7 +31,9 @@ from fedpcd.report.paper import (
     ranking_table,
     reading,
 )
-from fedpcd.sweep import expand_sweep, run_status
+from fedpcd.report.read import Run
+from fedpcd.sweep.grid import expand_sweep
+from fedpcd.sweep.status import run_status
 
 PATHOLOGICAL = {"scheme": "pathological", "classes_per_client": 2}
 DIRICHLET = {"scheme": "dirichlet", "beta": 0.1, "min_size": 10}
@@ -318,16 +319,16 @@ def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, caps
 
 
 def test_sweep_goes_on_after_a_failing_run(tmp_path, monkeypatch, capsys):
-    import fedpcd.sweep as sweep
+    import fedpcd.sweep.run as sweep_run
 
-    real = sweep._run_one
+    real = sweep_run.run_one
 
     def flaky(config_data, resume):
         if "fedprox" in config_data["output_dir"]:
             raise RuntimeError("boom")
         return real(config_data, resume)
 
-    monkeypatch.setattr(sweep, "_run_one", flaky)
+    monkeypatch.setattr(sweep_run, "run_one", flaky)
     path = _sweep(tmp_path, [{"name": "fedprox"}, {"name": "fedavg"}], SETTINGS[:1])
     assert main(["sweep", "--config", str(path)]) == 2
     err = capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fedpcd.resolve import load_config
-from fedpcd.sweep import expand_sweep
+from fedpcd.sweep.grid import expand_sweep
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
 

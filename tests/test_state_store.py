@@ -121,7 +121,7 @@ def test_runs_and_resumes_with_client_states_on_disk(tmp_path):
     """engine.client_state=disk through the local backend: same metrics as memory; resume undoes files
     written after the checkpoint (the store is replaced by the checkpoint's states)."""
     from fedpcd.backends import resume_run, run_experiment
-    from fedpcd.engine.records import read_records
+    from fedpcd.run_read import read_metrics
 
     def run(name: str, backend: str) -> list[dict]:
         cfg = load_config(
@@ -137,7 +137,7 @@ def test_runs_and_resumes_with_client_states_on_disk(tmp_path):
             ],
         )
         run_experiment(cfg, progress=False)
-        return read_records(tmp_path / name / "metrics.jsonl")
+        return read_metrics(tmp_path / name / "metrics.jsonl", resuming=True)
 
     def strip(records: list[dict]) -> list[dict]:
         return [{k: v for k, v in r.items() if k != "wall_s"} for r in records]
@@ -150,5 +150,5 @@ def test_runs_and_resumes_with_client_states_on_disk(tmp_path):
     (tmp_path / "disk" / "summary.json").unlink()
     torch.save({"stray": torch.zeros(1)}, tmp_path / "disk" / "client_states" / "99.pt")
     resume_run(tmp_path / "disk", progress=False)
-    assert strip(read_records(tmp_path / "disk" / "metrics.jsonl")) == strip(memory)
+    assert strip(read_metrics(tmp_path / "disk" / "metrics.jsonl", resuming=True)) == strip(memory)
     assert "99.pt" not in {p.name for p in (tmp_path / "disk" / "client_states").iterdir()}

@@ -9,17 +9,13 @@ import yaml
 
 from fedpcd.cli import main
 from fedpcd.errors import UserError
-from fedpcd.report import (
-    group_runs,
-    last_mean,
-    load_runs,
-    report_table,
-    rounds_cell,
-    rounds_to_target,
-    swing,
-)
+from fedpcd.report.groups import group_runs
+from fedpcd.report.read import load_runs
+from fedpcd.report.stats import last_mean, rounds_cell, rounds_to_target, swing
+from fedpcd.report.tables import report_table
 from fedpcd.resolve import load_config
-from fedpcd.sweep import expand_sweep, run_status
+from fedpcd.sweep.grid import expand_sweep
+from fedpcd.sweep.status import run_status
 
 
 def _sweep_file(tmp_path, **extra):
@@ -208,7 +204,8 @@ def test_a_preset_run_pairs_with_the_reference_in_its_setting_whatever_its_prese
     """FedGELA's `official` preset sets local.grad_clip 20: that is part of the method, so its run pairs
     with FedAvg's of the same seed; a run that differs in a key its preset does not set does not pair, and
     neither does one whose preset key was set by the config to another value than the preset's."""
-    from fedpcd.report import Run, paired_run, reference_runs, same_setting
+    from fedpcd.report.groups import paired_run, reference_runs, same_setting
+    from fedpcd.report.read import Run
     from fedpcd.resolve import load_config
 
     def run(name: str, *overrides: str) -> Run:
@@ -231,8 +228,9 @@ def test_a_preset_names_its_method_and_keeps_its_setting_in_the_paper_layout(tmp
     """In the methods x settings grid, a run under a preset is the method "NAME preset=P" (the algorithm keys
     the preset sets are its name's, not listed) in its reference's setting column (the keys it sets outside
     the algorithm, FedGELA official's gradient clip, are the method's, not a setting of their own)."""
-    from fedpcd.report import Run, setting_columns
     from fedpcd.report.grid import build_grid
+    from fedpcd.report.groups import setting_columns
+    from fedpcd.report.read import Run
 
     def run(name: str, *overrides: str) -> Run:
         config = load_config(None, [f"output_dir={tmp_path / name}", *overrides]).to_dict()

@@ -17,7 +17,7 @@ from fedpcd.engine.records import record_line
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
 from fedpcd.run_format import RunFiles
-from fedpcd.sweep import expand_sweep
+from fedpcd.sweep.grid import expand_sweep
 from fedpcd.trackers import INSTALL, check_trackers, open_trackers, scalars
 
 ALL = "tracking.loggers=[csv,tensorboard,wandb,mlflow]"

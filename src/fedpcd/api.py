@@ -182,7 +182,7 @@ def run(
 
 
 def _result(config: Config, summary: dict[str, Any]) -> RunResult:
-    from fedpcd.report import read_metrics
+    from fedpcd.run_read import read_metrics
 
     files = RunFiles(config.output_dir)
     return RunResult(files.path, config, summary, _frame(read_metrics(files.metrics), ["round"]))
@@ -230,7 +230,8 @@ def sweep(
         UserError: A bad sweep file or override; a run that failed or could not run (the others ran;
             `load_index` reads the index, calling `sweep` again retries them).
     """
-    from fedpcd.sweep import index_path, run_sweep
+    from fedpcd.sweep.index import index_path
+    from fedpcd.sweep.run import run_sweep
 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise UserError(f"jobs must be a whole number >= 1, got {short(jobs)}")
@@ -363,9 +364,9 @@ def load_runs(path: str | os.PathLike[str]) -> pd.DataFrame:
     Raises:
         UserError: No finished run, or a malformed run file: one line naming it.
     """
-    from fedpcd.report import Run
-    from fedpcd.report import load_runs as finished_runs
     from fedpcd.report.grid import build_grid
+    from fedpcd.report.read import Run
+    from fedpcd.report.read import load_runs as finished_runs
 
     root = Path(path)
     found = finished_runs(root)
@@ -403,7 +404,7 @@ def load_index(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
 
     Returns:
         One row per run of the grid, sorted by ``output_dir``, with the index's columns
-            (``fedpcd.sweep.INDEX_COLUMNS``: status, algorithm, ..., the final and best GA and PA-split,
+            (``fedpcd.sweep.index.INDEX_COLUMNS``: status, algorithm, ..., the final and best GA and PA-split,
             and the config, partition and summary as JSON text).
 
     Raises:
@@ -413,7 +414,7 @@ def load_index(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
     import pandas as pd
 
     from fedpcd.run_schema import IndexRow, check
-    from fedpcd.sweep import INDEX_COLUMNS, INDEX_FILE
+    from fedpcd.sweep.index import INDEX_COLUMNS, INDEX_FILE
 
     path = Path(sweep_dir)
     index = path / INDEX_FILE if path.is_dir() else path

@@ -1,4 +1,5 @@
-"""The ``fedpcd`` command line. User errors exit with code 2 and one line on stderr."""
+"""The ``fedpcd`` command line: one handler per command (``HANDLERS``; the grammar is ``fedpcd.cli_args``)
+and :func:`main`, which turns a user error into one line on stderr and exit code 2."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import argparse
 import contextlib
 import datetime as _dt
 import errno
-import itertools
 import json
 import signal
 import sys
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fedpcd._version import __version__
+from fedpcd.cli_args import INIT_FILE, parse_args
 from fedpcd.errors import STOP_SIGNALS, Terminated, UserError
 from fedpcd.procs_guard import (
     out_of_memory_line,
@@ -25,8 +25,6 @@ from fedpcd.utils import show_text
 
 # Only the standard library and fedpcd's light modules load at import: `fedpcd --help`, a missing config,
 # `init` and `list configs` answer without torch; each command imports what it needs once its input is read.
-
-INIT_FILE = "fedpcd.yaml"  # what `fedpcd init` writes
 
 
 def _pct(value: Any) -> str:
@@ -47,36 +45,43 @@ def _summary_table(summary: dict[str, Any]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from fedpcd.resolve import load_config
-
-    if args.resume:
-        # --allow-config-change KEY=VALUE sets the key too; nargs="+" also takes the overrides after it
-        allow = [item for item in args.allow_config_change if "=" not in item]
-        changes = [*args.overrides, *(item for item in args.allow_config_change if "=" in item)]
-        unflagged = [item for item in args.overrides if item.partition("=")[0] != "rounds"]
-        if args.config or unflagged:
-            raise UserError(
-                "--resume takes the run directory and its config.yaml as written; of the overrides only "
-                "rounds=N (more rounds: the run is extended), others with --allow-config-change KEY=VALUE"
-            )
-        from fedpcd.backends import resume_run
-
-        args.resume_hint = f"fedpcd run --resume {args.resume}"
-        summary = resume_run(args.resume, progress=not args.quiet, allow_changes=allow, changes=changes)
-        out = args.resume
-    else:
-        if not args.config and not args.overrides:
-            raise UserError("fedpcd run needs --config FILE (and/or KEY=VALUE overrides) or --resume RUN_DIR")
-        if args.allow_config_change:
-            raise UserError("--allow-config-change goes with --resume RUN_DIR")
-        config = load_config(args.config, args.overrides)
-        from fedpcd.backends import run_experiment
-
-        args.resume_hint = f"fedpcd run --resume {config.output_dir}"
-        summary = run_experiment(config, progress=not args.quiet)
-        out = config.output_dir
+    summary, out = _resume(args) if args.resume else _start(args)
     print(_summary_table(summary))
     print(f"run directory: {show_text(out)}  ({summary['wall_s']:.1f} s)")
+
+
+def _start(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``fedpcd run --config FILE KEY=VALUE...``: the summary and the run's folder."""
+    from fedpcd.resolve import load_config
+
+    if not args.config and not args.overrides:
+        raise UserError("fedpcd run needs --config FILE (and/or KEY=VALUE overrides) or --resume RUN_DIR")
+    if args.allow_config_change:
+        raise UserError("--allow-config-change goes with --resume RUN_DIR")
+    config = load_config(args.config, args.overrides)
+    from fedpcd.backends import run_experiment
+
+    args.resume_hint = f"fedpcd run --resume {config.output_dir}"
+    return run_experiment(config, progress=not args.quiet), config.output_dir
+
+
+def _resume(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``fedpcd run --resume RUN_DIR [rounds=N] [--allow-config-change KEY[=VALUE]...]``: the summary and the
+    run's folder."""
+    # --allow-config-change KEY=VALUE sets the key too; nargs="+" also takes the overrides after it
+    allow = [item for item in args.allow_config_change if "=" not in item]
+    changes = [*args.overrides, *(item for item in args.allow_config_change if "=" in item)]
+    unflagged = [item for item in args.overrides if item.partition("=")[0] != "rounds"]
+    if args.config or unflagged:
+        raise UserError(
+            "--resume takes the run directory and its config.yaml as written; of the overrides only "
+            "rounds=N (more rounds: the run is extended), others with --allow-config-change KEY=VALUE"
+        )
+    from fedpcd.backends import resume_run
+
+    args.resume_hint = f"fedpcd run --resume {args.resume}"
+    summary = resume_run(args.resume, progress=not args.quiet, allow_changes=allow, changes=changes)
+    return summary, args.resume
 
 
 def cmd_partition(args: argparse.Namespace) -> None:
@@ -107,7 +112,9 @@ def cmd_partition(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    from fedpcd.sweep import expand_sweep, run_status, run_sweep
+    from fedpcd.sweep.grid import expand_sweep
+    from fedpcd.sweep.run import run_sweep
+    from fedpcd.sweep.status import run_status
 
     if args.dry_run:
         for cfg in expand_sweep(args.config, args.overrides):
@@ -144,78 +151,16 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> None:
+    from fedpcd.listing import list_components, list_configs
+
     if args.name == "configs":
-        _list_configs()
-        return
-    if args.name is not None:
+        list_configs()
+    elif args.name is not None:
         from fedpcd.api import describe  # an unknown name is answered before any component is imported
 
         print(describe(args.name))
-        return
-
-    from fedpcd.catalog import catalog  # the names and docstrings read from the source: no torch
-    from fedpcd.utils import plain_text
-
-    for kind, label in [
-        ("algorithm", "algorithm"),
-        ("dataset", "dataset"),
-        ("partition scheme", "partition"),
-        ("model", "model"),
-    ]:
-        for name, doc in catalog(kind).items():
-            head = f"{label:<10} {name:<14} "
-            print(head + shorten(plain_text(doc.strip()), LIST_WIDTH - len(head)))
-
-
-def _list_configs() -> None:
-    """Each shipped config's name (what ``--config`` takes) and its leading comment's first sentence."""
-    from fedpcd.config_input import shipped_configs
-    from fedpcd.utils import plain_text
-
-    shipped = shipped_configs()
-    width = max(map(len, shipped)) + 2
-    for name, path in shipped.items():
-        lines = path.read_text(encoding="utf-8").splitlines()
-        comment = [line.lstrip("#").strip() for line in itertools.takewhile(_is_comment, lines)]
-        print(f"{name:<{width}}" + shorten(plain_text("\n".join(comment)), LIST_WIDTH - width))
-
-
-def _is_comment(line: str) -> bool:
-    return line.startswith("#")
-
-
-LIST_WIDTH = 120  # `fedpcd list` lines are at most this long
-# a full stop after these ends no sentence
-_ABBREVIATIONS = ("e.g.", "i.e.", "al.", "Eq.", "Eqs.", "Sec.", "App.", "Fig.", "Tab.", "cf.", "vs.", "tech.")
-
-
-def _balanced(text: str) -> bool:
-    return text.count("(") == text.count(")") and text.count("``") % 2 == 0
-
-
-def shorten(doc: str, width: int) -> str:
-    """A docstring's first sentence on one line of at most ``width`` characters: whole if it fits, else cut
-    after its last clause (', ', '; ', ': ') outside brackets where that keeps three quarters of it, else
-    after its last whole word (outside brackets where that keeps half of it, a bracket then closed after the
-    ellipsis), and marked with an ellipsis."""
-    text = " ".join(doc.split("\n\n", 1)[0].split())
-    for i, char in enumerate(text):  # the first sentence: up to a full stop before a capital or the end
-        if char == "." and (i + 1 == len(text) or text[i + 1 : i + 3].strip()[:1].isupper()):
-            word = text[: i + 1].rsplit(" ", 1)[-1].lstrip("(")
-            if not word.endswith(_ABBREVIATIONS) and _balanced(text[: i + 1]):
-                text = text[: i + 1]
-                break
-    if len(text) <= width:
-        return text
-    room = width - 2  # the ellipsis, and a bracket closed after it
-    clauses = [i for i in range(room) if text[i : i + 2] in (", ", "; ", ": ") and _balanced(text[:i])]
-    words = [i for i in range(room + 1) if text[i] == " " and _balanced(text[:i])]
-    cut = next((i for i in reversed(clauses) if i >= 3 * width // 4), None)  # a whole clause, if long
-    cut = cut or next((i for i in reversed(words) if i >= width // 2), None)
-    if cut is None:  # inside a long bracket: its last whole word, then the bracket closed
-        cut = text[: room + 1].rfind(" ")
-    kept = text[: cut if cut > 0 else room].rstrip(" ,;:")
-    return kept + "…" + ")" * (kept.count("(") - kept.count(")"))
+    else:
+        list_components()
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -249,7 +194,7 @@ def cmd_config_show(args: argparse.Namespace) -> None:
     from fedpcd.resolve import load_config
 
     if args.config and "sweep" in read_yaml(args.config):  # every run of the grid, one YAML document each
-        from fedpcd.sweep import expand_sweep
+        from fedpcd.sweep.grid import expand_sweep
 
         configs = expand_sweep(args.config, args.overrides)
         for i, config in enumerate(configs, 1):
@@ -258,218 +203,16 @@ def cmd_config_show(args: argparse.Namespace) -> None:
     print(config_yaml(load_config(args.config, args.overrides)), end="")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text[:40]!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from fedpcd.utils import plain_text
-
-    parser = argparse.ArgumentParser(prog="fedpcd", description=plain_text(__doc__ or ""))
-    parser.add_argument("--version", action="version", version=f"fedpcd {__version__}")
-    _add_verbosity(parser, quiet_note="; run, demo: no progress bar")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run one experiment")
-    run.add_argument("--config", help=CONFIG_HELP)
-    run.add_argument(
-        "--resume",
-        metavar="RUN_DIR",
-        help="continue an interrupted run; with rounds=N, extend a finished one",
-    )
-    run.add_argument(
-        "--allow-config-change",
-        nargs="+",
-        default=[],
-        metavar="KEY[=VALUE]",
-        help="with --resume: go on although config.yaml changed these keys since the checkpoint, or set them "
-        "(KEY=VALUE) (only rounds, engine.checkpoint_every, engine.threads, dataset.download); more rounds "
-        "need no flag: fedpcd run --resume RUN_DIR rounds=N",
-    )
-    run.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. partition.beta=0.1"
-    )
-    run.set_defaults(func=cmd_run)
-
-    part = sub.add_parser("partition", help="build and describe a partition only")
-    part.add_argument("--config", help=CONFIG_HELP)
-    part.add_argument("--json", help="write partition.json here")
-    part.add_argument("--plot", help="write a client x class heatmap PNG here")
-    part.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    part.set_defaults(func=cmd_partition)
-
-    sweep = sub.add_parser("sweep", help="a grid of runs from a sweep file (resumable)")
-    sweep.add_argument(
-        "--config",
-        required=True,
-        help="config with a top-level 'sweep:' mapping of key -> list: a file, or the name of a shipped one "
-        "(`fedpcd list configs`), e.g. repro/fednh-fmnist",
-    )
-    sweep.add_argument(
-        "--jobs",
-        type=_positive_int,
-        metavar="N",
-        help="runs at once: worker processes with --launcher local (default 1: in this process); Ray: "
-        "default one per CPU of the cluster; Slurm: jobs queued or running (default all)",
-    )
-    sweep.add_argument(
-        "--launcher",
-        default="local",
-        metavar="{local,ray,slurm}",
-        help="where the runs execute: local (this machine), ray (a Ray cluster), slurm (Slurm jobs through "
-        'submitit); ray and slurm need pip install "fedpcd[cluster]"',
-    )
-    sweep.add_argument(
-        "--address",
-        metavar="HOST:PORT",
-        help="with --launcher ray: the address of a running Ray cluster (host:port; default RAY_ADDRESS, "
-        "else one is started on this machine for the sweep)",
-    )
-    sweep.add_argument(
-        "--slurm",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --launcher slurm, repeatable: partition=NAME, time=MINUTES per run (default 60), cpus=N, "
-        "mem=GB, gpus=N; cluster=local runs the jobs on this machine instead",
-    )
-    sweep.add_argument("--dry-run", action="store_true", help="list the runs and their status only")
-    sweep.add_argument(
-        "--allow-dirty",
-        action="store_true",
-        help="run into docs/results/runs although src/fedpcd has uncommitted changes (the runs record it)",
-    )
-    sweep.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="applied to every run")
-    sweep.set_defaults(func=cmd_sweep)
-
-    report = sub.add_parser("report", help="tables and plots from finished runs")
-    report.add_argument("runs_dir", help="folder searched for run directories")
-    report.add_argument(
-        "--out",
-        help="write the report here: a folder (report.md and its figures inside; cells.csv too for runs of "
-        "several methods and settings) or a .md file (figures in the folder of the same name beside it)",
-    )
-    report.add_argument(
-        "--print",
-        action="store_true",
-        help="with --out: also print the markdown (without --out it is always printed)",
-    )
-    report.add_argument("--title", help="a '# TITLE' heading on top of the markdown")
-    report.add_argument("--notes", metavar="FILE", help="markdown put under the title (setup, caveats)")
-    report.add_argument(
-        "--last",
-        type=_positive_int,
-        default=5,
-        help="average each run over its last N evaluated rounds (all of them where it has fewer)",
-    )
-    report.add_argument(
-        "--rounds-to",
-        type=float,
-        nargs="+",
-        default=[],
-        metavar="X",
-        help="add columns R<X>%%: the first round at which GA reaches X%% (FedSC's convergence view)",
-    )
-    report.add_argument(
-        "--paired-with",
-        metavar="ALGORITHM",
-        help="add GA and PA-split differences to this algorithm's run of the same setting and seed",
-    )
-    report.add_argument(
-        "--swing",
-        action="store_true",
-        help="add a 'GA swing' column: max - min of GA over the last N rounds (round-to-round stability)",
-    )
-    report.add_argument(
-        "--best",
-        action="store_true",
-        help="add a 'GA best' column: each run's highest GA over all rounds (FedGELA's code's protocol)",
-    )
-    report.add_argument(
-        "--geometry",
-        action="store_true",
-        help="add class-mean angles (FedGELA Fig. 3): global model over all classes, personal models over "
-        "held and missing classes; needs the runs' checkpoints (one extra local update per client)",
-    )
-    report.set_defaults(func=cmd_report)
-
-    lst = sub.add_parser(
-        "list", help="algorithms, datasets, partition schemes and models; `list configs`: the shipped configs"
-    )
-    lst.add_argument(
-        "name",
-        nargs="?",
-        metavar="NAME",
-        help="one algorithm, model, dataset or partition scheme: its paper, a one-line description and its "
-        "parameters with their types and defaults; `configs`: the configs fedpcd ships, which --config takes "
-        "by name",
-    )
-    lst.set_defaults(func=cmd_list)
-
-    demo = sub.add_parser("demo", help="a short comparison of methods on Fashion-MNIST P10C2")
-    demo.add_argument("--out", help="folder for the demo's runs (default runs/demo-<time>)")
-    demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. rounds=2")
-    demo.set_defaults(func=cmd_demo)
-
-    init = sub.add_parser("init", help=f"write {INIT_FILE}: every config key with its default, commented")
-    init.add_argument(
-        "dir", nargs="?", default=".", metavar="DIR", help="the folder to write it in (default: this one)"
-    )
-    init.set_defaults(func=cmd_init)
-
-    config = sub.add_parser("config", help="show the resolved config")
-    actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
-    show = actions.add_parser(
-        "show",
-        help="print the resolved config as YAML: every key, defaults filled (a run's config.yaml); of a "
-        "sweep file, each run's config as a YAML document of its own",
-    )
-    show.add_argument("--config", help=f"{CONFIG_HELP} (default: none, every key at its default)")
-    show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. rounds=5")
-    show.set_defaults(func=cmd_config_show)
-
-    for name, command in [*((n, p) for n, p in sub.choices.items() if n != "config"), ("show", show)]:
-        _add_verbosity(command, "sub_", "; no progress bar" if name in ("run", "demo") else "")
-    return parser
-
-
-CONFIG_HELP = "YAML config file, or the name of a shipped config (`fedpcd list configs`), e.g. example"
-
-
-def _add_verbosity(parser: argparse.ArgumentParser, prefix: str = "", quiet_note: str = "") -> None:
-    """-v/--verbose and -q/--quiet, counted: before the command (``prefix`` "") and after it (``"sub_"``);
-    :func:`main` adds the two counts up."""
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        dest=f"{prefix}verbose",
-        help="more messages (repeatable)",
-    )
-    parser.add_argument(
-        "-q", "--quiet", action="count", default=0, dest=f"{prefix}quiet", help=f"fewer messages{quiet_note}"
-    )
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line's arguments; a malformed one: argparse's usage line and exit code 2."""
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # KEY=VALUE overrides may stand anywhere between the options
-    if extra and (not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra)):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if extra:
-        args.overrides = [*args.overrides, *extra]
-    args.verbose += args.sub_verbose
-    args.quiet += args.sub_quiet  # run and demo: no progress bar
-    return args
+HANDLERS = {
+    "run": cmd_run,
+    "partition": cmd_partition,
+    "sweep": cmd_sweep,
+    "report": cmd_report,
+    "list": cmd_list,
+    "demo": cmd_demo,
+    "init": cmd_init,
+    "config": cmd_config_show,  # its one action, show
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 from fedpcd.config_input import config_path
 
                 args.config = config_path(args.config)
-            args.func(args)
+            HANDLERS[args.command](args)
     except UserError as exc:
         print(f"fedpcd: error: {show_text(exc)}", file=sys.stderr)
         return 2

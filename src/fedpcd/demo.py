@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fedpcd.backends import resume_run, run_experiment
 from fedpcd.config import Config
 from fedpcd.engine.rundir import RunDir
-from fedpcd.report import last_mean, swing
+from fedpcd.report.stats import last_mean, swing
 from fedpcd.resolve import load_config
 from fedpcd.run_format import HEADLINE, METRICS, PA_G
 from fedpcd.utils import text_table

@@ -1,9 +1,9 @@
 """Where a sweep's runs execute: ``fedpcd sweep --launcher local | ray | slurm``.
 
-A launcher only runs ``sweep._run_one`` somewhere: :meth:`Launcher.submit` hands it one run of the grid and
-:meth:`Launcher.wait` returns the runs that ended (and those running); what to run, skipping finished runs,
-resuming stopped ones, the index, the progress line and the one line per failure stay in ``sweep.run_sweep``,
-the same for every launcher.
+A launcher only runs ``sweep.run.run_one`` somewhere: :meth:`Launcher.submit` hands it one run of the grid
+and :meth:`Launcher.wait` returns the runs that ended (and those running); what to run, skipping finished
+runs, resuming stopped ones, the index, the progress line and the one line per failure stay in
+``sweep.run.run_sweep``, the same for every launcher.
 
 - ``local`` (``--jobs N``, N > 1): N spawned worker processes on this machine that die with the sweep
   (``procs_guard``), each run's ``engine.workers: auto`` taking its share of the cores (``FEDPCD_CORES``).
@@ -47,8 +47,8 @@ from typing import Any
 from fedpcd.errors import STOP_SIGNALS, Terminated, UserError, choices, clip
 from fedpcd.procs_guard import POLL_S, children_ignore_ctrl_c, die_with_parent
 
-RunResult = tuple[str, float | None, float]  # what sweep._run_one returns: folder, summary wall time, seconds
-RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep._run_one, handed in (it imports this module)
+RunResult = tuple[str, float | None, float]  # run_one's result: folder, summary wall time, seconds
+RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep.run.run_one, handed in (it imports this module)
 LAUNCHERS = ("local", "ray", "slurm")
 CLUSTER_EXTRA = 'pip install "fedpcd[cluster]"'
 # --slurm KEY=VALUE: key -> (submitit's AutoExecutor parameter, type); time in minutes, mem in GB
@@ -85,7 +85,7 @@ class Launcher:
         raise NotImplementedError
 
     def submit(self, run: RunOne, config_data: dict[str, Any], resume: bool) -> Any:
-        """Start ``run(config_data, resume)`` (``sweep._run_one``); a handle for ``wait`` and ``result``."""
+        """Start ``run(config_data, resume)`` (``sweep.run.run_one``); a handle for ``wait``, ``result``."""
         raise NotImplementedError
 
     def wait(self, handles: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
@@ -246,7 +246,7 @@ def _run_remote(
     resume: bool,
     owner: int | None = None,
 ) -> tuple[bool, Any]:
-    """``run`` (``sweep._run_one``) in a Ray worker or a Slurm job, started in the sweep's folder ``cwd``
+    """``run`` (``sweep.run.run_one``) in a Ray worker or a Slurm job, started in the sweep's folder ``cwd``
     (``cores``: its ``FEDPCD_CORES``; ``owner``: a process on this machine whose end ends this one, the
     sweep's with submitit's local processes): (True, its result), or (False, its exception, which the sweep
     raises) with the traceback on this process's stderr (the run's log)."""

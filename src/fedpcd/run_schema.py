@@ -49,7 +49,7 @@ class Summary(BaseModel):
 
 
 class IndexRow(BaseModel):
-    """A row of a sweep's index.sqlite (``fedpcd.sweep.INDEX_COLUMNS``): its numbers and status."""
+    """A row of a sweep's index.sqlite (``fedpcd.sweep.index.INDEX_COLUMNS``): its numbers and status."""
 
     model_config = _KEEP_EXTRAS
     output_dir: str

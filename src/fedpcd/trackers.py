@@ -49,6 +49,7 @@ from fedpcd.config import Config
 from fedpcd.config_identity import config_yaml, flatten
 from fedpcd.errors import UserError
 from fedpcd.run_format import RunFiles
+from fedpcd.run_read import read_metrics
 from fedpcd.utils import quiet, read_json
 
 INSTALL = "pip install 'fedpcd[trackers]'"
@@ -94,9 +95,7 @@ def check_trackers(config: Config) -> None:
 
 def _run_records(run: RunFiles) -> list[dict[str, Any]]:
     """The records of the run's metrics.jsonl: on resume, the checkpoint's (the round loop rewrote it)."""
-    from fedpcd.engine.records import read_records
-
-    return read_records(run.metrics) if run.metrics.exists() else []
+    return read_metrics(run.metrics, resuming=True) if run.metrics.exists() else []
 
 
 def _write(run: RunFiles, path: Path, write: Any) -> None:

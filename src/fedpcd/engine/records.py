@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from fedpcd.engine.metrics import summarize
 from fedpcd.engine.tasks import ClientReply
-from fedpcd.errors import UserError
 from fedpcd.run_format import ACCURACY_KEYS, CLIENT_PA_SPLIT, GA, PA_SPLIT, PERSONAL, STATISTICS
-from fedpcd.utils import read_user_text
 
 PERSONAL_EVAL = (
     "participants"  # whose personal models are evaluated: the round's participants, after training
@@ -88,25 +84,3 @@ def record_line(record: dict[str, Any]) -> str:
     except ValueError:
         bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
         raise RuntimeError(f"round {record.get('round')}: non-finite metric(s) {bad} in the record") from None
-
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file ([] when missing). A last line without its newline that does not
-    parse is a write cut short by a kill and is ignored; any other bad line is a UserError."""
-    path = Path(path)
-    text = read_user_text(path, "metrics file", links=False) if os.path.lexists(path) else ""
-    lines = text.split("\n")
-    rows = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines):  # the unterminated last line: torn by a kill
-                break
-            raise UserError(f"{path} line {i} is not valid JSON: the file is corrupt") from None
-        if not isinstance(row, dict) or not isinstance(row.get("round"), int):
-            raise UserError(f"{path} line {i} is not a fedpcd metrics record (needs an integer 'round')")
-        rows.append(row)
-    return rows

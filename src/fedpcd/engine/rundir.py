@@ -28,11 +28,12 @@ import torch
 from fedpcd.config import Config
 from fedpcd.config_identity import config_yaml, describe_changes
 from fedpcd.engine.checkpoint import changes_since, load_checkpoint_file
-from fedpcd.engine.records import read_records, record_line
+from fedpcd.engine.records import record_line
 from fedpcd.errors import RunInUseError, UserError
 from fedpcd.logs import LOGGER
 from fedpcd.resolve import load_config
 from fedpcd.run_format import RunFiles
+from fedpcd.run_read import read_metrics
 from fedpcd.run_schema import Summary, check
 from fedpcd.utils import atomic_write, read_json
 
@@ -313,7 +314,11 @@ class RunDir(RunFiles):
     def records(self, up_to_round: int | None = None) -> list[dict[str, Any]]:
         """metrics.jsonl's records (up to a round); a torn last line (a kill mid-write) is ignored, any
         other line that is not a JSON object is a UserError naming the file and line."""
-        return [r for r in read_records(self.metrics) if up_to_round is None or r["round"] <= up_to_round]
+        return [
+            r
+            for r in read_metrics(self.metrics, resuming=True)
+            if up_to_round is None or r["round"] <= up_to_round
+        ]
 
     def rewrite(self, records: Sequence[dict[str, Any]]) -> None:
         """Replace metrics.jsonl with these records (atomically)."""

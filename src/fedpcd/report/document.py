@@ -9,19 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedpcd.report import (
-    code_mismatches,
-    group_runs,
-    last_rounds_phrase,
-    load_runs,
-    plot_curves,
-    refuse_duplicates,
-    report_table,
-    unfinished_runs,
-)
-from fedpcd.report.figures import run_class_heatmap
+from fedpcd.report.figures import plot_curves, run_class_heatmap
 from fedpcd.report.grid import METHOD_SECTION, build_grid
+from fedpcd.report.groups import code_mismatches, group_runs
 from fedpcd.report.paper import paper_sections
+from fedpcd.report.read import load_runs, refuse_duplicates, unfinished_runs
+from fedpcd.report.stats import last_rounds_phrase
+from fedpcd.report.tables import report_table
 from fedpcd.utils import check_writable, read_user_text
 
 

@@ -1,6 +1,7 @@
-"""The report's figures: one accuracy-vs-round plot per setting (one line per method, the band spanning
-the seeds), the global model's accuracy per class as heatmaps (methods x classes per setting, rounds x
-classes per run), and the partitions' client x class counts (from the runs' partition.json, no data needed).
+"""The report's figures: accuracy over rounds, one line per setting (``plot_curves``) or one plot per setting
+(one line per method, the band spanning the seeds), the global model's accuracy per class as heatmaps
+(methods x classes per setting, rounds x classes per run), and the partitions' client x class counts (from
+the runs' partition.json, no data needed).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import statistics
 from pathlib import Path
 
 from fedpcd.errors import UserError
-from fedpcd.report import Run
 from fedpcd.report.grid import Grid
+from fedpcd.report.groups import group_runs, method_columns
+from fedpcd.report.read import Run
 from fedpcd.run_format import HEADLINE, RunFiles
 from fedpcd.utils import atomic_write, read_json, show_path
 
@@ -157,3 +159,30 @@ def run_class_heatmap(run: Run, path: str | Path) -> bool:
     title = f"{show_path(run.path.name)}: global model, accuracy per class and round"
     plot_heatmap([f"round {r['round']}" for r in rows], [r["global_class_acc"] for r in rows], path, title)
     return True
+
+
+def plot_curves(runs: list[Run], path: str | Path) -> None:
+    """GA and PA-split over rounds, mean over seeds, one line per setting."""
+    import pandas as pd
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    varying, groups = group_runs(runs)
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for key, members in groups.items():
+        label = ", ".join(method_columns(varying, key, members[0]).values()) or "run"
+        records = pd.DataFrame.from_records([r for run in members for r in run.records])
+        for ax, metric in zip(axes, HEADLINE, strict=False):
+            values = records.reindex(columns=["round", metric.key]).dropna()
+            means = values.groupby("round")[metric.key].agg(statistics.fmean)  # over the seeds, by round
+            if len(means):  # a method without this metric (no global model: no GA) gets no line and no entry
+                ax.plot(means.index, 100 * means, label=label)
+            ax.set_title(metric.label)
+            ax.set_xlabel("round")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
+            ax.set_ylabel("accuracy (%)")
+    for ax in axes:
+        if ax.has_data():
+            ax.legend(fontsize=7)
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=110), mode="wb")

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fedpcd.config_identity import flatten
 from fedpcd.labels import overrides_suffix, run_label
-from fedpcd.report import Run, _preset_keys, group_runs, last_mean, setting_columns
+from fedpcd.report.groups import flatten, group_runs, preset_keys, setting_columns
+from fedpcd.report.read import Run
+from fedpcd.report.stats import last_mean
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -81,7 +82,7 @@ def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
     setting_keys = [k for k in varying if k.partition(".")[0] != METHOD_SECTION]
     flats = [flatten(run.config) for run in runs]
     # the keys a run's preset sets (at the preset's value) are its method's: they name no setting
-    presets = [_preset_keys(run) for run in runs]
+    presets = [preset_keys(run) for run in runs]
     usual = {
         k: _usual(k, [f.get(k) for f, keys in zip(flats, presets, strict=True) if k not in keys])
         for k in setting_keys

@@ -21,10 +21,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedpcd.config_identity import flatten, run_setting
-from fedpcd.report import Run, _without_algorithm, last_rounds_phrase, mean_bytes, mean_std, paired_run, swing
+from fedpcd.config_identity import run_setting
 from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
 from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, run_value
+from fedpcd.report.groups import flatten, paired_run, without_algorithm
+from fedpcd.report.read import Run
+from fedpcd.report.stats import last_rounds_phrase, mean_bytes, mean_std, swing
 from fedpcd.report.verdict import critical_t, separation
 from fedpcd.run_format import GA, HEADLINE, REPORTED
 from fedpcd.utils import atomic_write_text, read_json
@@ -36,9 +38,9 @@ ARROWS = {1: "↑", -1: "↓"}
 
 
 def _reference_runs(grid: Grid, reference: str) -> dict[str, Run]:
-    """The runs of ``reference``'s method(s) by their whole setting and seed (``_without_algorithm``)."""
+    """The runs of ``reference``'s method(s) by their whole setting and seed (``without_algorithm``)."""
     return {
-        _without_algorithm(run): run
+        without_algorithm(run): run
         for (method, _), members in grid.cells.items()
         if method.split()[0] == reference
         for run in members
@@ -157,7 +159,7 @@ def diverged_cells(grid: Grid) -> set[tuple[str, str]]:
     setting (``_setting_key``); a stopped run matching no method or no setting of the grid is not placed."""
     from fedpcd.config_input import read_yaml
     from fedpcd.errors import UserError
-    from fedpcd.report import current_form
+    from fedpcd.report.read import current_form
     from fedpcd.run_format import RunFiles
 
     methods, settings, folders = {}, {}, set()

@@ -1,0 +1,123 @@
+"""Loading the finished runs below a folder for ``fedpcd report``: their config (brought to the current form),
+records and summary, each file read with ``fedpcd.run_read``'s checks; runs counted twice refused; the runs
+that stopped listed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedpcd.config_identity import run_setting
+from fedpcd.errors import UserError, clip
+from fedpcd.run_format import RunFiles
+from fedpcd.run_read import read_metrics, read_summary
+from fedpcd.utils import path_error, read_json, show_path
+
+
+@dataclass
+class Run:
+    """A finished run as the report reads it: its folder, config (current form), records and summary."""
+
+    path: Path
+    config: dict[str, Any]
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _readable_partition(part: Any) -> bool:
+    if not isinstance(part, dict) or not isinstance(part.get("scheme"), str):
+        return False
+    if any(key in part and not _is_number(part[key]) for key in ("beta", "rho", "classes_per_client")):
+        return False
+    return part.get("then") is None or _readable_partition(part["then"])
+
+
+def _readable_config(config: dict[str, Any]) -> bool:
+    """Whether a config that no longer validates still has, well-typed, the keys the report reads."""
+    algorithm = config.get("algorithm")
+    if not isinstance(algorithm, dict) or not isinstance(algorithm.get("name"), str):
+        return False
+    whole = [config.get("seed"), config.get("clients")]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in whole):
+        return False
+    return _readable_partition(config.get("partition"))
+
+
+def current_form(config: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """A run's config with the keys added since it was written filled with their defaults, so runs made
+    by an older fedpcd group with new ones (as written if it no longer validates but still has the keys the
+    report reads; otherwise a UserError naming ``path``)."""
+    from fedpcd.resolve import config_from_dict
+
+    try:
+        return config_from_dict(config).to_dict()
+    except UserError as exc:
+        reason = str(exc)
+    plain = json.loads(json.dumps(config, default=str))  # YAML dates and the like as text
+    if not _readable_config(plain):
+        raise UserError(f"config file {show_path(path)} is not a fedpcd run config: {clip(reason, 160)}")
+    return plain
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError) as exc:
+        raise path_error(path, exc, "read") from None
+
+
+def load_runs(root: str | Path) -> list[Run]:
+    """Every finished run (a folder with summary.json) below ``root``; a run file that is missing, unreadable
+    or malformed is one line naming it."""
+    from fedpcd.config_input import read_yaml  # aliases, deep nesting and huge numbers refused
+
+    root = Path(root)
+    if not _exists(root):
+        raise UserError(f"runs folder not found: {show_path(root)}")
+    runs = []
+    for files in RunFiles.finished_below(root):
+        config = current_form(read_yaml(files.config, links=False), files.config)
+        records = read_metrics(files.metrics)
+        runs.append(Run(files.path, config, records, read_summary(files.summary)))
+    if not runs:
+        raise UserError(f"no finished runs (folders with summary.json) below {show_path(root)}")
+    return runs
+
+
+def refuse_duplicates(runs: list[Run]) -> None:
+    """A one-line UserError when two runs have the same config (seed included): one run counted twice,
+    e.g. a copy filed under another grid point's name."""
+    seen: dict[str, Path] = {}
+    for run in runs:
+        key = json.dumps(run_setting(run.config), sort_keys=True, default=str)
+        if key in seen:
+            raise UserError(
+                f"runs {show_path(seen[key])} and {show_path(run.path)} have the same config (seed "
+                "included): one run counted twice; remove the one whose folder name is not its config"
+            )
+        seen[key] = run.path
+
+
+def unfinished_runs(root: str | Path) -> list[tuple[str, str]]:
+    """Run folders below ``root`` (a config.yaml) without a summary.json, sorted: (path relative to ``root``,
+    why it stopped from its stopped.json, e.g. ``stopped in round 13: DivergenceError``, or "")."""
+    root = Path(root)
+    return sorted(
+        (files.path.relative_to(root).as_posix(), _stopped_note(files.stopped))
+        for files in RunFiles.started_below(root)
+        if not files.summary.exists()
+    )
+
+
+def _stopped_note(path: Path) -> str:
+    try:
+        stopped = read_json(path, "stopped file", links=False)
+        return f"stopped in round {int(stopped['round'])}: {stopped['error']}"
+    except (UserError, ValueError, TypeError, KeyError):  # absent or not fedpcd's
+        return ""

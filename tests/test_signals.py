@@ -1,0 +1,383 @@
+"""Stopping a run: SIGTERM and every other terminal stop signal as Ctrl-C (one line, the lock released),
+Ctrl-C on a Flower simulation (fedpcd's line only), a SIGKILL during start-up or at each tracker write (the
+run restarts or resumes with every step once), and processes that end with their parent (procs_guard's
+watch, pool workers that leave Ctrl-C to the sweep)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fedpcd
+from fedpcd import procs_guard
+from fedpcd.cli import main
+from fedpcd.errors import STOP_SIGNALS
+from fedpcd.procs_guard import exit_when_gone
+
+RUN = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "clients=2"]
+
+
+_KILL_TRACKERS_AT = """
+import os, sys
+import fedpcd.trackers as trackers
+from fedpcd.cli import main
+from fedpcd.engine.rundir import RunDir
+
+point, argv = sys.argv[1], sys.argv[2:]
+ROUND = 2
+
+
+def kill(cls, name, when, hit):
+    real = getattr(cls, name)
+
+    def wrapped(self, *args, **kwargs):
+        if when == "before" and hit(self, *args):
+            os._exit(9)
+        out = real(self, *args, **kwargs)
+        if when == "after" and hit(self, *args):
+            os._exit(9)
+        return out
+
+    setattr(cls, name, wrapped)
+
+
+at_step = lambda self, step, *rest: step == ROUND
+if point in ("csv", "tensorboard", "mlflow"):  # the logger wrote round 2; trackers.json still says 1
+    cls = {"csv": trackers._Csv, "tensorboard": trackers._TensorBoard, "mlflow": trackers._MLflow}[point]
+    kill(cls, "log", "after", at_step)
+elif point == "trackers.json":  # every logger and trackers.json have round 2; the checkpoint has round 1
+    last = lambda self: max(e["last_round"] for e in self._state.values())
+    kill(trackers.Trackers, "_save", "after", lambda self: last(self) == ROUND)
+elif point == "checkpoint":  # killed while writing round 2's checkpoint
+    kill(RunDir, "save_checkpoint", "before", lambda self, state: state["round"] == ROUND)
+if __name__ == "__main__":  # not in the engine's worker processes (spawned: they import this file)
+    sys.exit(main(argv))
+"""
+
+
+@pytest.mark.parametrize("point", ["csv", "tensorboard", "mlflow", "trackers.json", "checkpoint"])
+def test_trackers_hold_each_step_once_after_a_kill_at_each_write(tmp_path, point):
+    """A run killed (os._exit, no cleanup) right after each tracker write of round 2, and before round 2's
+    checkpoint: the resume continues from round 1 and metrics.csv, TensorBoard and MLflow hold rounds 1, 2
+    and 3 once each, with the values of metrics.jsonl."""
+    from fedpcd.run_format import RunFiles
+    from test_trackers import csv_rows, mlflow_read, tensorboard_scalars
+
+    out = tmp_path / "run"
+    script = tmp_path / "kill_at.py"
+    script.write_text(_KILL_TRACKERS_AT)
+    argv = ["run", "--quiet", *RUN, "rounds=3", "engine.workers=1", f"output_dir={out}"]
+    argv.append("tracking.loggers=[csv,tensorboard,mlflow]")
+    done = subprocess.run([sys.executable, str(script), point, *argv], capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr[-2000:]
+    run = RunFiles(out)
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    records = [json.loads(line) for line in run.metrics.read_text().splitlines()]
+    accs = [(r["round"], r["global_acc"]) for r in records]
+    assert [rnd for rnd, _ in accs] == [1, 2, 3]
+    assert [(int(r["round"]), float(r["global_acc"])) for r in csv_rows(run)[1]] == accs
+    assert tensorboard_scalars(run)["global_acc"] == [(s, pytest.approx(a, rel=1e-7)) for s, a in accs]
+    run_id = json.loads(run.trackers.read_text())["mlflow"]["run_id"]
+    assert mlflow_read(run, run_id, ["global_acc"])[3]["global_acc"] == accs
+
+
+def test_sigterm_on_a_local_run_is_like_ctrl_c(tmp_path):
+    """The message with the resume command, exit code 143, and the .lock released (emptied)."""
+    out = tmp_path / "run"
+    argv = ["run", "--quiet", *RUN, "rounds=500", "engine.workers=1", f"output_dir={out}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedpcd.cli", *argv], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        for _ in range(1200):  # a round is done: the run holds its lock and runs
+            if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text():
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143
+    assert err == f"fedpcd: interrupted (resume with: fedpcd run --resume {out})\n"
+    assert (out / ".lock").read_text() == ""
+
+
+SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
+
+
+def _start_cli(argv: list[str], out_dir: Path, **popen: object) -> subprocess.Popen:
+    """``python -m fedpcd.cli ARGV`` in a new session, stdout and stderr to files in ``out_dir``."""
+    with open(out_dir / "stdout.txt", "wb") as out, open(out_dir / "stderr.txt", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fedpcd.cli", *argv],
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            **popen,
+        )
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_flower_simulation_prints_only_fedpcds_line(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the process group) in the middle of a Flower simulation: exit 130, the
+    interrupt line and nothing else on either stream (Ray used to report each ClientApp stopped in the middle
+    of a task as "(raylet) A worker died ... SYSTEM_ERROR"), no process of the run left."""
+    pytest.importorskip("flwr")
+    from fedpcd.flower import procs
+
+    out = tmp_path / "run"
+    for sub in ("flwr-home", "ray"):
+        (tmp_path / sub).mkdir()
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "RAY_TMPDIR": str(tmp_path / "ray")}
+    argv = ["run", "--quiet", "backend=flower", *SMALL, "clients=2", "rounds=500", f"output_dir={out}"]
+    proc = _start_cli(argv, tmp_path, env=env)
+    seen: set[procs.Proc] = set()
+    metrics = out / "metrics.jsonl"
+    while proc.poll() is None and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        seen |= procs.descendants(proc.pid)
+        time.sleep(0.2)
+    seen |= procs.descendants(proc.pid)
+    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
+    assert any("ClientAppActor" in _cmdline(p.pid) for p in seen)  # Ray ran the ClientApps
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stdout, stderr = (tmp_path / "stdout.txt").read_text(), (tmp_path / "stderr.txt").read_text()
+    assert stderr.splitlines() == [f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"], stderr
+    assert stdout == ""
+    procs.wait_gone(seen, timeout=10.0)  # (the watchdog is released as the run ends: it may exit just after)
+    assert not [p for p in seen if procs.alive(p)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_exit_when_gone_ends_this_process_with_status_0_once_the_other_ends():
+    other = _sleeper()
+    code = (
+        "import sys, time; from fedpcd.procs_guard import exit_when_gone; "
+        "exit_when_gone(int(sys.argv[1]), poll=0.05); print('watching', flush=True); time.sleep(300); "
+        "sys.exit(3)"
+    )
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", code, str(other.pid)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert watcher.stdout.readline() == "watching\n"
+        assert watcher.poll() is None  # the other process still runs: so does this one
+        other.kill()
+        other.wait()
+        assert watcher.wait(timeout=60) == 0
+    finally:
+        for p in (other, watcher):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.mark.slow
+def test_exit_when_gone_of_a_process_already_gone_exits_at_once():
+    gone = _sleeper()
+    gone.kill()
+    gone.wait()
+    code = (
+        f"import time; from fedpcd.procs_guard import exit_when_gone; exit_when_gone({gone.pid}, poll=0.05); "
+    )
+    code += "time.sleep(300)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_flower_worker_exits_when_its_parent_pid_does():
+    """``python -m fedpcd.flower.worker --parent-pid PID`` (what LoopbackDeployment starts) exits 0 once PID
+    has ended, whatever it was doing (here: importing torch, or polling a SuperNode that is not there)."""
+    pytest.importorskip("flwr")
+    launcher = _sleeper()
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedpcd.flower.worker",
+            "--insecure",
+            "--runtime-api-address",
+            "127.0.0.1:9",
+            "--parent-pid",
+            str(launcher.pid),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        time.sleep(0.5)
+        assert worker.poll() is None
+        launcher.kill()
+        launcher.wait()
+        assert worker.wait(timeout=120) == 0, worker.stdout.read()
+    finally:
+        for p in (launcher, worker):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_exit_when_gone_and_die_with_parent_share_one_watch(monkeypatch):
+    """Where the kernel has no parent-death signal, die_with_parent watches its parent with the thread that
+    exit_when_gone uses (one mechanism), ending with status 1 (exit_when_gone: 0)."""
+    calls = []
+    monkeypatch.setattr(procs_guard, "_parent_death_signal", lambda: False)
+    monkeypatch.setattr(
+        procs_guard, "_watch", lambda holds, status, poll: calls.append((holds(), status, poll))
+    )
+    procs_guard.die_with_parent(os.getppid())
+    exit_when_gone(os.getpid(), poll=0.25)
+    assert calls == [(True, 1, procs_guard.POLL_S), (True, 0, 0.25)]
+
+
+SRC = str(Path(fedpcd.__file__).resolve().parents[1])  # this checkout's package, for the subprocesses
+
+
+TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "local.batch_size=32", "clients=2"]
+
+
+def _cli(argv: list[str], timeout: float = 120, **popen: object) -> subprocess.CompletedProcess[str]:
+    """The real command line, ``fedpcd ARGV``, to its end."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    return subprocess.run(
+        [sys.executable, "-m", "fedpcd.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **popen,
+    )
+
+
+def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The command failed with exit code 2 and exactly one 'fedpcd: error:' line on stderr."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedpcd: error: "), proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("sig", STOP_SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_each_stop_signal_ends_a_run_with_one_line_its_lock_released(tmp_path, sig):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    argv = ["run", "--quiet", *TINY, "rounds=100000", "engine.checkpoint_every=1", f"output_dir={out}"]
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedpcd.cli", *argv], stdout=subprocess.DEVNULL, stderr=err, env=env
+        )
+    try:
+        while (
+            proc.poll() is None and not (out / "metrics.jsonl").exists() or not _lines(out / "metrics.jsonl")
+        ):
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 128 + sig
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (tmp_path / "err").read_text().splitlines() == [
+        f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"
+    ]
+    assert (out / ".lock").read_text() == ""  # released (a holder that dies leaves its pid there)
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_text().count("\n")
+    except OSError:
+        return 0
+
+
+_KILL_START_UP_AT = """
+import os, signal, sys
+import fedpcd.engine.rounds, fedpcd.utils
+from fedpcd.cli import main
+at = sys.argv[1]
+if at == "data":  # while the data loads, before any run file is written
+    fedpcd.engine.rounds.build_federation = lambda config: os.kill(os.getpid(), signal.SIGKILL)
+else:  # between writing a run file's temp file and renaming it into place
+    replace = os.replace
+    def killing(src, dst):
+        if str(dst).endswith(at):
+            os.kill(os.getpid(), signal.SIGKILL)
+        replace(src, dst)
+    fedpcd.utils.os.replace = killing
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("at", ["data", "config.yaml", "partition.json"])
+def test_a_run_killed_during_start_up_restarts_as_readme_says(tmp_path, at):
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    argv = ["run", "--quiet", *TINY, "rounds=1"]
+    assert _cli([*argv, f"output_dir={ref}"], timeout=180).returncode == 0
+    env = {**os.environ, "PYTHONPATH": SRC}
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILL_START_UP_AT, at, *argv, f"output_dir={out}"],
+        capture_output=True,
+        env=env,
+        timeout=180,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    if at == "partition.json":  # config.yaml is in place: the resume restarts it from round 0
+        again = _cli(["run", "--quiet", "--resume", str(out)], timeout=180)
+    else:  # nothing to resume: the resume says so in one line, and the same command starts it again
+        line = _one_error_line(_cli(["run", "--quiet", "--resume", str(out)], timeout=60))
+        assert line == (
+            f"fedpcd: error: {out} was stopped before its run started (no config.yaml yet): start it again "
+            "with the same fedpcd run command (same config and output_dir)"
+        )
+        again = _cli([*argv, f"output_dir={out}"], timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert _without_wall(out) == _without_wall(ref)
+    assert not [p.name for p in out.rglob("*.tmp")]
+
+
+def _without_wall(run: Path) -> list[dict[str, object]]:
+    """A run's metrics.jsonl records without their wall times (the rest is bitwise reproducible)."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in records]
+
+
+def test_a_pool_worker_starts_with_ctrl_c_ignored_and_this_process_keeps_its_handler():
+    """Found by benchmarks/chaos.py: a terminal's Ctrl-C while a pool worker still imported torch printed its
+    KeyboardInterrupt traceback. Workers started inside ``children_ignore_ctrl_c`` start with SIGINT ignored
+    (their initializer then says what Ctrl-C does there)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fedpcd.procs_guard import children_ignore_ctrl_c
+
+    before = signal.getsignal(signal.SIGINT)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with children_ignore_ctrl_c():
+            future = pool.submit(signal.getsignal, signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is before
+        assert future.result(timeout=60) == signal.SIG_IGN
