@@ -29,6 +29,7 @@ PINNED = {
     "fedproto_prototypes": 8981538698653295313,
     "fml_shared_model": 69410030725838143,
     "initial_model": 6216529600588805488,
+    "global_generator": 3107951045063927336,
     "participants": 4858887540138417922,
     "secagg_rounding": 7282049860406125083,
 }
@@ -67,3 +68,15 @@ def test_building_a_model_leaves_the_global_generator_untouched():
     expected = build_model(arch, ds.in_channels, ds.num_classes, ds.image_size, **fed.config.model.params())
     for (name, a), b in zip(model.state_dict().items(), expected.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_a_fresh_run_seeds_the_global_generator_once_from_its_stream(tmp_path):
+    """Dropout draws from torch's global generator: a fresh run seeds it from its own stream, so two runs of
+    one config in one process (the API, a sweep's worker) draw the same masks."""
+    from fedpcd.backends import run_experiment
+
+    torch.set_num_threads(1)
+    torch.manual_seed(123)
+    config = load_config(None, [*TINY_SYNTHETIC, "clients=2", "rounds=1", f"output_dir={tmp_path / 'a'}"])
+    run_experiment(config, progress=False)
+    assert torch.initial_seed() == seeds.global_generator(config.seed)

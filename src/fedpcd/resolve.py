@@ -159,9 +159,9 @@ def _check_secagg(config: Config, algo_cls: type) -> None:
             "privacy.secagg runs on the Flower backend (set backend=flower): in the local backend the server "
             "holds every client's update anyway"
         )
-    from fedpcd.algorithms import FedAvg, fedavg_aggregating
+    from fedpcd.algorithms import Algorithm, fedavg_aggregating
 
-    if algo_cls.aggregate is not FedAvg.aggregate:
+    if algo_cls.aggregate is not Algorithm.aggregate:
         raise UserError(
             "privacy.secagg needs an algorithm whose server takes only the sample-weighted mean of the "
             f"client models; {config.algorithm.name!r} aggregates with its own rule. Choose one of: "

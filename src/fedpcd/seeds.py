@@ -2,7 +2,8 @@
 
 Each stream is a seed derived from the run's seed (``config.seed``) and the stream's own integers by
 :func:`derive_seed`, so it is the same in every process and on every backend, and no stream depends on how
-many draws another took. Nothing here or in its users touches torch's or numpy's global generator.
+many draws another took. Only :func:`global_generator` seeds torch's global generator, once, at a fresh
+run's start; nothing else here or in its users touches torch's or numpy's global generator.
 
 The integers are part of every archived result: changing one changes the numbers of the runs that use it.
 """
@@ -31,6 +32,12 @@ def generator(seed: int) -> torch.Generator:
 def initial_model(seed: int) -> int:
     """The initial weights of every client architecture's model (rounds use 1..R, this stream -1)."""
     return derive_seed(seed, -1)
+
+
+def global_generator(seed: int) -> int:
+    """torch's global generator at a fresh run's start (a resume restores it from the checkpoint): the one
+    draw from it is dropout's masks (Wide-ResNet, EfficientNet), so two runs in one process agree."""
+    return derive_seed(seed, -2)
 
 
 def participants(seed: int, rnd: int) -> int:

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import torch
 from torch import nn
 
+from fedpcd import seeds
 from fedpcd.algorithms import Algorithm, ClientData, LocalWork
 from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.engine.federation import Federation, to_device
@@ -27,7 +27,6 @@ from fedpcd.engine.metrics import personal_evaluation
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.engine.update_policy import settle_reply, state_to_keep
 from fedpcd.errors import UserError
-from fedpcd.seeds import derive_seed
 
 __all__ = ["ClientReply", "ClientTask", "local_step", "run_client", "run_clients"]
 
@@ -50,7 +49,7 @@ def local_step(
     same batches everywhere. The algorithm object is not written."""
     device = next(model.parameters()).device
     payload, state = to_device(payload, device), to_device(state, device)
-    rng = torch.Generator().manual_seed(derive_seed(seed, rnd, data.id))
+    rng = seeds.generator(seeds.client_update(seed, rnd, data.id))
     work = LocalWork(payload, state, rng, round=rnd)
     reply, work.state = algorithm.local_update(model, data, work)
     return reply, work

@@ -254,7 +254,10 @@ def auto_workers(fed: Federation) -> tuple[int, str]:
 
     config = fed.config
     if fed.device.type != "cpu":
-        return 1, "on a GPU one process (engine.executor: vectorized batches its clients)"
+        return (
+            1,
+            "on a GPU one process, its clients one after another (engine.executor: vectorized batches them)",
+        )
     cores = usable_cores()
     per_round = max(1, round(config.participation * config.clients))
     model = sum(t.numel() * t.element_size() for t in fed.model_for(0).state_dict().values())

@@ -43,15 +43,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedpcd import seeds
 from fedpcd.algorithms import ALGORITHMS, build_algorithm
 from fedpcd.algorithms.context import CLASSES, MODEL, NUM_SAMPLES, TRAIN_LOSS, Upload
 from fedpcd.config import Config
 from fedpcd.engine.federation import sample_clients
 from fedpcd.errors import UserError
-from fedpcd.seeds import derive_seed
 
-NOISE_STREAM = 0xD9  # derive_seed(seed, round, NOISE_STREAM): the noise generator of a round
-UPLOAD_STREAM = 0xDA  # derive_seed(seed, round, client, UPLOAD_STREAM): a client's class-statistic noise
 COVERED = (MODEL, NUM_SAMPLES, TRAIN_LOSS)  # the reply keys the mechanism covers (docs/privacy.md)
 INSTALL = "pip install 'fedpcd[privacy]' (Google's dp-accounting)"
 
@@ -246,7 +244,7 @@ def noise_uploads(
     noised = [u for u in uploads if u.key in reply and u.kind in ("rows", "counts")]
     if not sigma or privacy.clip is None or not noised:
         return reply
-    gen = torch.Generator().manual_seed(derive_seed(config.seed, rnd, client, UPLOAD_STREAM))
+    gen = seeds.generator(seeds.dp_upload_noise(config.seed, rnd, client))
     out = dict(reply)
     for u in noised:
         value = reply[u.key]
@@ -274,7 +272,7 @@ def add_noise(
     if not sigma or config.privacy.clip is None or kept == 0:
         return server
     std = sigma * config.privacy.clip / kept
-    gen = torch.Generator().manual_seed(derive_seed(config.seed, rnd, NOISE_STREAM))
+    gen = seeds.generator(seeds.dp_noise(config.seed, rnd))
 
     def noisy(v: torch.Tensor) -> torch.Tensor:
         if not torch.is_floating_point(v):

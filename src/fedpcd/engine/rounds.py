@@ -20,6 +20,9 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any, Protocol
 
+import torch
+
+from fedpcd import seeds
 from fedpcd.algorithms import Algorithm
 from fedpcd.algorithms.context import MODEL
 from fedpcd.config import Config
@@ -87,7 +90,7 @@ def extra_global_accuracies(
     algorithm: Algorithm, fed: Federation, server: dict[str, Any]
 ) -> dict[str, float]:
     """The accuracies of the algorithm's extra global predictors on the full test set (``global_acc_<name>``
-    in metrics.jsonl; see ``FedAvg.extra_global_predictors``)."""
+    in metrics.jsonl; see ``Algorithm.extra_global_predictors``)."""
     test_x = getattr(fed, "test_x", None)
     test_y = getattr(fed, "test_y", None)
     if test_x is None or test_y is None:
@@ -198,6 +201,7 @@ def _start(run: Run, fed: Federation, algorithm: Algorithm, executor: Executor, 
         train_y, test_y = fed.dataset.train_y.numpy(), fed.dataset.test_y.numpy()
         folder.create(config, partition_json(fed.partition, train_y, test_y), restart=run.restart)
         server = algorithm.init_server(fed.model_for(0, fresh=True))  # client 0's architecture
+        torch.manual_seed(seeds.global_generator(config.seed))
         executor.restore({})  # disk: the files of an attempt killed before its first checkpoint
         LOGGER.debug(
             "starting %s: %s on %s, %d clients, %d rounds (backend %s)",
@@ -213,7 +217,7 @@ def _start(run: Run, fed: Federation, algorithm: Algorithm, executor: Executor, 
             LOGGER.warning(said, extra={RUN_LOG_ONLY: True})
         return server, 0, 0.0, []
     # the server's model must fit the run's (other server state may change shape over rounds, e.g. FedSC's
-    # prototype bank); the global RNG the reference draws from is restored below
+    # prototype bank)
     reference = algorithm.init_server(fed.model_for(0, fresh=True)).get(MODEL, {})
     check_server_state(checkpoint["server"], {MODEL: reference}, folder.checkpoint)
     server, start = checkpoint["server"], checkpoint["round"]
@@ -226,9 +230,7 @@ def _start(run: Run, fed: Federation, algorithm: Algorithm, executor: Executor, 
     # a run of config.rounds records it
     records = extended_records(records, checkpoint, config)
     folder.rewrite(records)
-    for k in range(config.clients):  # build every architecture's model (seeds the global RNG) ...
-        fed.model_for(k)
-    restore_rng(checkpoint.get("rng"))  # ... before the global RNG states are put back
+    restore_rng(checkpoint.get("rng"))
     # on stderr with the progress bar, and always in run.log
     level = logging.INFO if progress else logging.DEBUG
     LOGGER.log(level, "resuming %s from round %d of %d", folder.path, start, config.rounds)

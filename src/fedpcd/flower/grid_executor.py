@@ -26,6 +26,7 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from fedpcd import seeds
 from fedpcd.algorithms import Algorithm
 from fedpcd.algorithms.context import MODEL
 from fedpcd.algorithms.statedict import tensor_bytes
@@ -45,7 +46,6 @@ from fedpcd.flower.protocol import (
     TASK,
     raise_for_error,
 )
-from fedpcd.seeds import derive_seed
 
 
 class GridExecutor:
@@ -93,9 +93,7 @@ class GridExecutor:
                 "config": self.config_text,
             }
             if self.secagg is not None:
-                task.update(
-                    {"secagg": True, "secagg-seed": derive_seed(self.seed, rnd, k, secagg.SEED_STREAM)}
-                )
+                task.update({"secagg": True, "secagg-seed": seeds.secagg_rounding(self.seed, rnd, k)})
             contents[k][TASK] = ConfigRecord(task)
         if self.secagg is not None:
             replies, mean = self._secure_round(contents, rnd)

@@ -59,7 +59,6 @@ from fedpcd.flower import codec
 from fedpcd.flower.protocol import REPLY, TASK
 from fedpcd.utils import quiet
 
-SEED_STREAM = 0x5A  # derive_seed(seed, round, client, SEED_STREAM): the client's stochastic rounding
 KEYS = "secagg-keys"  # TASK entry of a stage-2 reply: the state-dict keys of the masked model, in order
 
 
