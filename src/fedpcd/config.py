@@ -205,6 +205,18 @@ class EngineConfig(_Strict):
         return value
 
 
+class FlowerConfig(_Strict):
+    """The config section ``flower``: settings of the Flower backend (``backend: flower``; simulation and
+    deployment) that do not change a run's numbers."""
+
+    round_timeout: float = Field(
+        3600.0,
+        gt=0.0,
+        description="Seconds the server waits for a round's replies; a ClientApp that has not answered by "
+        "then is left out of the round (and, once the run is done, stopped).",
+    )
+
+
 class AggregationConfig(_Strict):
     """The config section ``aggregation``: the server's means, the algorithm's own or robust ones (Yin et al.,
     ICML 2018; Krum, Blanchard et al., NeurIPS 2017) for algorithms that declare what their server averages
@@ -464,6 +476,9 @@ class Config(_Strict):
     )
     backend: Literal["local", "flower"] = Field(
         "local", description="local: the in-process simulator; flower: the same rounds on Flower."
+    )
+    flower: FlowerConfig = Field(
+        default_factory=FlowerConfig, description="The Flower backend's settings: the round timeout."
     )
     engine: EngineConfig = Field(
         default_factory=EngineConfig,
@@ -732,10 +747,10 @@ HF_COLUMNS = ("image_column", "label_column")  # dataset keys added after runs w
 
 def run_setting(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict (config.yaml's) without what does not change a run's numbers: ``output_dir``,
-    ``tracking``, ``engine.workers``, and what runs made before a key existed did not have: the
+    ``tracking``, ``flower``, ``engine.workers``, and what runs made before a key existed did not have: the
     ``privacy``, ``aggregation`` and ``server`` sections while they are off, ``personal_full_every`` at 1
     (see :data:`LEGACY_DEFAULTS`), the dataset's ``HF_COLUMNS`` at null."""
-    data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking")}
+    data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking", "flower")}
     if isinstance(data.get("engine"), dict):
         data["engine"] = {k: v for k, v in data["engine"].items() if k != "workers"}
     for key, value in LEGACY_DEFAULTS.items():
