@@ -1,10 +1,12 @@
 """A Flower run ends once its ServerApp is done: a ClientApp that never answers is left out of its round
-after ``flower.round_timeout`` seconds, and is then stopped instead of holding the finished run open."""
+after ``flower.round_timeout`` seconds, and is then stopped instead of holding the finished run open; a
+Ctrl-C while the finished run cleans up is not an interrupted run."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,7 +47,8 @@ def _plugin(site: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_hung_client_app_does_not_hold_a_finished_flower_run(tmp_path):
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["on-its-own", "ctrl-c-after-the-summary"])
+def test_a_hung_client_app_does_not_hold_a_finished_flower_run(tmp_path, ctrl_c):
     site, out = tmp_path / "site", tmp_path / "run"
     _plugin(site)
     for sub in ("flwr-home", "ray"):
@@ -75,15 +78,23 @@ def test_a_hung_client_app_does_not_hold_a_finished_flower_run(tmp_path):
     try:
         while proc.poll() is None and time.monotonic() < end:
             seen |= procs.descendants(proc.pid)
+            if ctrl_c and (out / "summary.json").exists():
+                time.sleep(1.0)  # the ServerApp has returned; the hung ClientApp is stopped after 5 s
+                proc.send_signal(signal.SIGINT)
+                ctrl_c = False
             time.sleep(0.2)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, 9)
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             pytest.fail("the finished Flower run did not exit: " + (tmp_path / "err").read_text()[-2000:])
     stderr = (tmp_path / "err").read_text(errors="replace")
     assert proc.returncode == 0, stderr[-2000:]
     assert "interrupted" not in stderr and "Traceback" not in stderr, stderr[-2000:]
     assert json.loads((out / "summary.json").read_text())["rounds"] == 2
+    assert (
+        "round 2: client 0 failed (TimeoutError: no reply within the round timeout (60 s))"
+        in (out / "run.log").read_text()
+    )
     assert len(seen) >= 3  # Ray ran
     assert not procs.wait_gone(seen, 30.0), "processes of the run left"

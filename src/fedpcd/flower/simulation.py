@@ -13,7 +13,8 @@ left behind once the run's process is gone.
 
 A ClientApp that never answers is left out of its round after ``flower.round_timeout`` seconds; once the
 ServerApp is done, ClientApps still busy are stopped (:func:`_stop_busy_clients`): Flower's simulation
-would otherwise wait for them before it returns.
+would otherwise wait for them before it returns. A stop signal after that only hurries the clean-up: the
+finished run's summary is returned.
 """
 
 from __future__ import annotations
@@ -166,6 +167,10 @@ def _run_simulation(
                 backend_name="ray",
                 backend_config=ray_backend_config(config, verbose, num_cpus),
             )
+        except (KeyboardInterrupt, SystemExit):
+            if "summary" not in result:
+                raise
+            # a stop signal while a finished run cleans up: the run is complete, its summary is returned
         finally:  # also on Ctrl-C (KeyboardInterrupt) and SIGTERM (SystemExit), see _on_signal
             stop.set()
             _join_new_threads(threads_before, timeout=5.0)
