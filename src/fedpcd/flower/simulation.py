@@ -129,6 +129,7 @@ def _run_simulation(
         warnings.catch_warnings(),
     ):
         started: set[procs.Proc] = set()
+        finished = threading.Event()  # set by the ServerApp once the summary is written
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         from flwr.simulation import run_simulation
@@ -155,7 +156,6 @@ def _run_simulation(
         before = procs.descendants(os.getpid())  # the watchdog included: it is not Ray's
         sampler = threading.Thread(target=_sample, args=(started, before, stop), daemon=True)
         sampler.start()  # Ray's processes while they are ours: some are re-parented before the end
-        finished = threading.Event()  # the ServerApp wrote the summary
         reaper = threading.Thread(target=_stop_busy_clients, args=(finished, stop, threads_before))
         reaper.daemon = True
         reaper.start()
