@@ -213,7 +213,7 @@ class FlowerConfig(_Strict):
         3600.0,
         gt=0.0,
         description="Seconds the server waits for a round's replies; a ClientApp that has not answered by "
-        "then is left out of the round (and, once the run is done, stopped).",
+        "then is left out of the round (a simulation stops it once the run is done).",
     )
 
 
