@@ -53,7 +53,7 @@ import psutil
 import yaml
 
 SIGNALS = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-KINDS = {"run": 3, "workers": 3, "sweep": 3, "disk": 3, "flower": 1, "hang": 1}  # kind -> weight of its draw
+KINDS = {"run": 4, "workers": 4, "sweep": 4, "disk": 4, "flower": 1, "hang": 1}  # kind -> weight of its draw
 FLOWER_KINDS = ("flower", "hang")
 HANG_TIMEOUT_S = 30  # a hung client's run: flower.round_timeout
 LIMIT_S = 900.0  # a faulted command still running after this is stopped (and the fault not survived)
@@ -290,7 +290,8 @@ REFERENCE = {"disk": "run", "hang": "flower"}  # a fault's reference: the uninte
 
 
 def chaos(root: Path, faults: int, rng: random.Random, data: list[str], kinds: list[str]) -> int:
-    plan = rng.choices(kinds, weights=[KINDS[k] for k in kinds], k=faults)
+    unit = math.gcd(*(KINDS[k] for k in kinds))  # kinds of equal weight: one draw each, as rng.choice(kinds)
+    plan = [rng.choice([k for k in kinds for _ in range(KINDS[k] // unit)]) for _ in range(faults)]
     references, seconds = {}, {}
     for kind in dict.fromkeys(REFERENCE.get(k, k) for k in plan):
         ref = root / f"reference-{kind}"
