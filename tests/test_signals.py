@@ -381,3 +381,26 @@ def test_a_pool_worker_starts_with_ctrl_c_ignored_and_this_process_keeps_its_han
             future = pool.submit(signal.getsignal, signal.SIGINT)
         assert signal.getsignal(signal.SIGINT) is before
         assert future.result(timeout=60) == signal.SIG_IGN
+
+
+# ----- also seen: a pool worker left a zombie after it ended -----------------------------------------------
+
+
+def test_no_worker_process_is_left_after_a_workers_2_run_returns_not_even_a_zombie(tmp_path):
+    import psutil
+
+    from fedpcd.backends import run_experiment
+    from fedpcd.resolve import load_config
+
+    config = load_config(None, [*TINY, "clients=4", "rounds=2", "engine.workers=2", f"output_dir={tmp_path}"])
+    run_experiment(config, progress=False)
+    left = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            left[child.pid] = (child.status(), " ".join(child.cmdline()))
+        except psutil.ZombieProcess:
+            left[child.pid] = (psutil.STATUS_ZOMBIE, "")
+        except psutil.NoSuchProcess:  # gone, and reaped
+            continue
+    # multiprocessing's resource tracker lives as long as this process; no worker, live or zombie, is left
+    assert not [pid for pid, (_, cmd) in left.items() if "resource_tracker" not in cmd], left

@@ -197,6 +197,17 @@ class EngineConfig(_Strict):
         return value
 
 
+class FlowerConfig(_Strict):
+    """The config section ``flower``: the Flower backend's settings, none of which changes a run's numbers."""
+
+    round_timeout: float = Field(
+        3600.0,
+        gt=0.0,
+        description="Seconds the server waits for a round's replies; a ClientApp that has not answered by "
+        "then is left out of the round (a simulation stops it once the run is done).",
+    )
+
+
 class AggregationConfig(_Strict):
     """The config section ``aggregation``: the server's means, the algorithm's own or robust ones (Yin et al.,
     ICML 2018; Krum, Blanchard et al., NeurIPS 2017) for algorithms that declare what their server averages
@@ -456,6 +467,9 @@ class Config(_Strict):
     )
     backend: Literal["local", "flower"] = Field(
         "local", description="local: the in-process simulator; flower: the same rounds on Flower."
+    )
+    flower: FlowerConfig = Field(
+        default_factory=FlowerConfig, description="The Flower backend's settings: the round timeout."
     )
     engine: EngineConfig = Field(
         default_factory=EngineConfig,

@@ -39,10 +39,10 @@ HF_COLUMNS = ("image_column", "label_column")  # dataset keys that count as abse
 
 def run_setting(data: dict[str, Any]) -> dict[str, Any]:
     """A config dict (config.yaml's) without what does not change a run's numbers (``output_dir``,
-    ``tracking``, ``engine.workers``) and without the keys that count as absent: the ``privacy``,
+    ``tracking``, ``flower``, ``engine.workers``) and without the keys that count as absent: the ``privacy``,
     ``aggregation`` and ``server`` sections at their defaults, the :data:`LEGACY_DEFAULTS` keys at their
     values, the dataset's :data:`HF_COLUMNS` at null."""
-    data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking")}
+    data = {k: v for k, v in data.items() if k not in ("output_dir", "tracking", "flower")}
     if isinstance(data.get("engine"), dict):
         data["engine"] = {k: v for k, v in data["engine"].items() if k != "workers"}
     for key, value in LEGACY_DEFAULTS.items():

@@ -61,7 +61,6 @@ clientapp = "fedpcd.flower.client_app:app"
 config-file = ""
 overrides = ""
 node-timeout = 300
-round-timeout = 3600
 """
 
 

@@ -10,9 +10,10 @@ Two ways in:
 - :func:`make_server_app` with a Run, for the in-process simulation (:func:`fedpcd.flower.run_flower`);
 - the module-level ``app`` for ``flwr run`` (``flower-app/pyproject.toml``); it reads the run config keys
   ``config-file`` (a fedpcd YAML; relative paths are tried against the working directory, then the app
-  directory), ``overrides`` (space-separated ``KEY=VALUE`` fedpcd overrides), ``node-timeout`` and
-  ``round-timeout`` (seconds), ``adapt-clients`` (true: ``clients`` follows the number of SuperNodes) and
-  ``resume`` (true: continue the run in the config's ``output_dir`` from its checkpoint).
+  directory), ``overrides`` (space-separated ``KEY=VALUE`` fedpcd overrides), ``node-timeout`` (seconds;
+  the round timeout is the config's ``flower.round_timeout``), ``adapt-clients`` (true: ``clients``
+  follows the number of SuperNodes) and ``resume`` (true: continue the run in the config's ``output_dir``
+  from its checkpoint).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def serve(
     observers: Sequence[RoundObserver] | None = None,
     progress: bool = False,
     node_timeout: float = 300.0,
-    round_timeout: float = 3600.0,
+    round_timeout: float | None = None,
     stop: threading.Event | None = None,
     adapt_clients: bool = False,
     resume: bool = False,
@@ -68,7 +69,8 @@ def serve(
     with ``resume`` the run in its ``output_dir`` continued from its checkpoint (the nodes get their client
     states back). The first SuperNode's ``num-partitions`` is checked against ``clients`` at once
     (``adapt_clients``, for a new run from a config: the config follows the federation's size instead). A
-    ClientApp that raises or does not reply within ``round_timeout`` seconds is left out of its round
+    ClientApp that raises or does not reply within ``round_timeout`` seconds (None: the config's
+    ``flower.round_timeout``) is left out of its round
     (engine/guard.py); ``stop`` set from another thread ends the run at the next poll
     (``discovery.Interrupted``). ``observers``: the round loop's (default: the trackers and no progress
     bar); a log line per evaluated round is added. The run directory is locked while the run lasts."""
@@ -91,7 +93,8 @@ def serve(
             secure = secagg.workflow_params(config.privacy.secagg, largest)
         text = config_text(config)
         nodes = discover(fast, config.clients, node_timeout, text)
-        executor = GridExecutor(fast, nodes, text, fed.device, round_timeout, secure, config.seed)
+        timeout = config.flower.round_timeout if round_timeout is None else round_timeout
+        executor = GridExecutor(fast, nodes, text, fed.device, timeout, secure, config.seed)
 
         def log(record: dict[str, Any]) -> None:
             shown = " ".join(f"{label}={value}" for label, value in headline(record).items())
@@ -155,7 +158,6 @@ def make_server_app(
                 observers=observers,
                 progress=progress,
                 node_timeout=float(run_config.get("node-timeout", 300.0)),
-                round_timeout=float(run_config.get("round-timeout", 3600.0)),
                 stop=stop,
                 adapt_clients=run is None and bool(run_config.get("adapt-clients", True)),
                 resume=bool(run_config.get("resume", False)),

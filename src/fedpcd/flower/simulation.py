@@ -10,6 +10,11 @@ are killed (silently: Ray's reports of the workers it lost are expected then), R
 processes are stopped, and the rounds written so far stay in the run directory. A SIGKILL, which no
 process can handle, is covered by a watchdog process (:mod:`fedpcd.flower.watchdog`) that stops what Ray
 left behind once the run's process is gone.
+
+A ClientApp that never answers is left out of its round after ``flower.round_timeout`` seconds; once the
+ServerApp is done, ClientApps still busy are stopped (:func:`_stop_busy_clients`): Flower's simulation
+would otherwise wait for them before it returns. A stop signal after that only hurries the clean-up: the
+finished run's summary is returned.
 """
 
 from __future__ import annotations
@@ -122,6 +127,7 @@ def _run_simulation(
         warnings.catch_warnings(),
     ):
         started: set[procs.Proc] = set()
+        finished = threading.Event()  # set by the ServerApp once the summary is written
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         from flwr.simulation import run_simulation
@@ -131,6 +137,7 @@ def _run_simulation(
 
         def snapshot() -> None:  # every process Ray started, while they are all still up
             started.update(procs.descendants(os.getpid()) - before)
+            finished.set()
 
         server_app = make_server_app(
             run,
@@ -145,6 +152,9 @@ def _run_simulation(
         before = procs.descendants(os.getpid())  # the watchdog included: it is not Ray's
         sampler = threading.Thread(target=_sample, args=(started, before, stop), daemon=True)
         sampler.start()  # Ray's processes while they are ours: some are re-parented before the end
+        reaper = threading.Thread(target=_stop_busy_clients, args=(finished, stop, threads_before))
+        reaper.daemon = True
+        reaper.start()
         try:
             run_simulation(
                 server_app=server_app,
@@ -153,10 +163,15 @@ def _run_simulation(
                 backend_name="ray",
                 backend_config=ray_backend_config(config, verbose, num_cpus),
             )
+        except (KeyboardInterrupt, SystemExit):
+            if "summary" not in result:
+                raise
+            # a stop signal while a finished run cleans up: the run is complete, its summary is returned
         finally:  # also on Ctrl-C (KeyboardInterrupt) and SIGTERM (SystemExit), see _on_signal
             stop.set()
             _join_new_threads(threads_before, timeout=5.0)
             sampler.join()
+            reaper.join()
             started.update(procs.descendants(os.getpid()) - before)
             # ClientApps still training: stopping them makes Flower's message workers, which wait for
             # them in ray.get, fail cleanly (ActorDiedError) before Ray is shut down under them
@@ -242,6 +257,32 @@ def _sample(into: set[procs.Proc], before: set[procs.Proc], stop: threading.Even
     """Add this process's new descendants to ``into`` every second until ``stop`` is set."""
     while not stop.wait(1.0):
         into.update(procs.descendants(os.getpid()) - before)
+
+
+BUSY_GRACE_S = 5.0  # once the ServerApp is done: the time Flower's message workers get to end on their own
+
+
+def _stop_busy_clients(
+    finished: threading.Event, stop: threading.Event, before: set[threading.Thread]
+) -> None:
+    """Once ``finished`` is set (the ServerApp is done), stop the ClientApps if Flower's message workers (the
+    threads started since ``before``) are still running after BUSY_GRACE_S: each waits in ``ray.get`` for a
+    ClientApp that has not answered (one left out of its round after the round timeout), and Flower's
+    simulation does not return before they end. Stopping the ClientApps (SIGKILL: the run is done, none holds
+    anything it needs) ends their wait (an ActorDiedError, expected and not logged). Returns at once when
+    ``stop`` is set first (the run ends otherwise)."""
+    while not finished.wait(0.5):
+        if stop.is_set():
+            return
+    end = time.monotonic() + BUSY_GRACE_S
+    while any(_is_message_worker(t) for t in set(threading.enumerate()) - before):
+        if stop.wait(0.1):
+            return
+        if time.monotonic() >= end:
+            logging.getLogger("flwr").setLevel(logging.CRITICAL)  # the workers' ActorDiedErrors are expected
+            _mute_ray_errors()  # ... and so are Ray's reports of the ClientApps it lost
+            procs.stop((p for p in procs.descendants(os.getpid()) if _is_client_app(p)), timeout=0.0)
+            return
 
 
 def _join_new_threads(before: set[threading.Thread], timeout: float, workers: bool = False) -> None:

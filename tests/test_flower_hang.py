@@ -1,0 +1,100 @@
+"""A Flower run ends once its ServerApp is done: a ClientApp that never answers is left out of its round
+after ``flower.round_timeout`` seconds, and is then stopped instead of holding the finished run open; a
+Ctrl-C while the finished run cleans up is not an interrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+import fedpcd  # noqa: E402
+from fedpcd.flower import procs  # noqa: E402
+
+SRC = str(Path(fedpcd.__file__).resolve().parents[1])
+
+# An installed plugin whose import (in every process that looks a model up, the ClientApps' Ray actors
+# included) makes client 0 sleep "forever" (10^6 s) in round 2's local update.
+_HANG = """
+import sys, time
+client_app = sys.modules.get("fedpcd.flower.client_app")
+if client_app is not None:
+    run_client = client_app.run_client
+
+    def hanging(algorithm, fed, task):
+        if task.client == 0 and task.round == 2:
+            time.sleep(10**6)
+        return run_client(algorithm, fed, task)
+
+    client_app.run_client = hanging
+"""
+
+
+def _plugin(site: Path) -> None:
+    info = site / "fedpcd_hang-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Name: fedpcd-hang\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[fedpcd.models]\nhang = fedpcd_hang\n")
+    (site / "fedpcd_hang.py").write_text(_HANG)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["on-its-own", "ctrl-c-after-the-summary"])
+def test_a_hung_client_app_does_not_hold_a_finished_flower_run(tmp_path, ctrl_c):
+    site, out = tmp_path / "site", tmp_path / "run"
+    _plugin(site)
+    for sub in ("flwr-home", "ray"):
+        (tmp_path / sub).mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{SRC}{os.pathsep}{site}",
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        "RAY_TMPDIR": str(tmp_path / "ray"),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+    }
+    argv = [
+        *("run", "--quiet", "backend=flower", "dataset.name=synthetic", "model.name=mlp", "model.hidden=8"),
+        *("local.batch_size=32", "clients=2", "rounds=2", "flower.round_timeout=60", f"output_dir={out}"),
+    ]
+    with open(tmp_path / "err", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedpcd.cli", *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            start_new_session=True,
+        )
+    seen: set[procs.Proc] = set()
+    end = time.monotonic() + 600  # generous: Ray's start-up and shut-down take minutes on a loaded machine
+    try:
+        while proc.poll() is None and time.monotonic() < end:
+            seen |= procs.descendants(proc.pid)
+            if ctrl_c and (out / "summary.json").exists():
+                time.sleep(1.0)  # the ServerApp has returned; the hung ClientApp is stopped after 5 s
+                proc.send_signal(signal.SIGINT)
+                ctrl_c = False
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail("the finished Flower run did not exit: " + (tmp_path / "err").read_text()[-2000:])
+    stderr = (tmp_path / "err").read_text(errors="replace")
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "interrupted" not in stderr and "Traceback" not in stderr, stderr[-2000:]
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 2
+    assert (
+        "round 2: client 0 failed (TimeoutError: no reply within the round timeout (60 s))"
+        in (out / "run.log").read_text()
+    )
+    assert len(seen) >= 3  # Ray ran
+    assert not procs.wait_gone(seen, 30.0), "processes of the run left"
