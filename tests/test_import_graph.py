@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fedpcd.procs_guard",
             "fedpcd.run_format",
             "fedpcd.run_schema",
+            "fedpcd.run_read",
             "fedpcd.logs",
         ),
     ),
@@ -43,7 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the choice of backend", ("fedpcd.backends",)),
     ("sweeps, reports", ("fedpcd.sweep", "fedpcd.launchers", "fedpcd.report")),
     ("api", ("fedpcd.api", "fedpcd.demo")),
-    ("command line", ("fedpcd.cli",)),
+    ("command line", ("fedpcd.cli", "fedpcd.cli_args", "fedpcd.listing")),
     ("front", (ROOT,)),
 ]
 
@@ -137,3 +138,18 @@ def test_function_level_and_type_checking_imports_count():
     graph = import_graph()
     assert "fedpcd.report.document" in graph["fedpcd.cli"]  # only imported inside cmd_report
     assert "fedpcd.api" in graph[ROOT]  # only imported under TYPE_CHECKING
+
+
+def layer_drawing() -> str:
+    """The layers as docs/design.md draws them: one line each, lowest first, with its modules."""
+    lines = []
+    for number, (name, prefixes) in enumerate(LAYERS, 1):
+        names = ", ".join(p.removeprefix(f"{ROOT}.") if p != ROOT else ROOT for p in prefixes)
+        lines.append(f"{number:>2}  {name}: {names}")
+    return "\n".join(lines)
+
+
+def test_design_md_draws_these_layers():
+    text = (SRC.parent / "docs" / "design.md").read_text()
+    block = f"```\n{layer_drawing()}\n```"
+    assert block in text, f"docs/design.md's layer drawing is out of date; it is now:\n{block}"
