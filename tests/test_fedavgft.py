@@ -11,7 +11,7 @@ import torch
 
 from conftest import SMALL_EVERY_METRIC, local_work, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
-from fedpcd.algorithms import fedavg as fedavg_module
+from fedpcd.algorithms import contract as contract_module
 from fedpcd.backends import run_experiment
 from fedpcd.engine.rundir import RunDir
 from fedpcd.resolve import load_config
@@ -68,13 +68,13 @@ def test_finetuning_starts_from_the_received_global_or_the_local_model(source):
 def test_finetuning_epochs_and_lr(monkeypatch):
     alg = _alg(finetune_epochs=3, finetune_lr=0.5)
     calls: list[tuple[int | None, float | None]] = []
-    real = fedavg_module.train_loop
+    real = contract_module.train_loop
 
     def spy(*args, epochs=None, lr=None):
         calls.append((epochs, lr))
         return real(*args, epochs=epochs, lr=lr)
 
-    monkeypatch.setattr(fedavg_module, "train_loop", spy)
+    monkeypatch.setattr(contract_module, "train_loop", spy)
     _update(alg, build_algorithm("fedavg").init_server(tiny_mlp()))
     assert calls == [(None, None), (3, 0.5)]  # FedAvg's local epochs, then the fine-tuning
 

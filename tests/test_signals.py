@@ -317,11 +317,11 @@ def _lines(path: Path) -> int:
 
 _KILL_START_UP_AT = """
 import os, signal, sys
-import fedpcd.engine.rounds, fedpcd.utils
+import fedpcd.engine.run, fedpcd.utils
 from fedpcd.cli import main
 at = sys.argv[1]
 if at == "data":  # while the data loads, before any run file is written
-    fedpcd.engine.rounds.build_federation = lambda config: os.kill(os.getpid(), signal.SIGKILL)
+    fedpcd.engine.run.build_federation = lambda config: os.kill(os.getpid(), signal.SIGKILL)
 else:  # between writing a run file's temp file and renaming it into place
     replace = os.replace
     def killing(src, dst):

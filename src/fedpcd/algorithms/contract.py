@@ -13,9 +13,8 @@ An algorithm is a dataclass registered by name (`@ALGORITHMS.register("name")`) 
   client state lives. Every client hook gets the update's [`LocalWork`][fedpcd.algorithms.contract.LocalWork],
   which holds all of its working values; the algorithm object holds only its hyperparameters and `ctx`.
   `private_keys` names the model weights that never leave the client (FedPer's head).
-
-Server state, payloads, replies and client state are dicts of tensors, numbers and strings: nothing may rely
-on running in one process. Client state holds only what is personal (None for FedAvg).
+Server state, payloads, replies and client state are dicts of tensors, numbers and strings (nothing relies
+on one process); client state holds only what is personal (None for FedAvg).
 """
 
 from __future__ import annotations
@@ -38,12 +37,6 @@ ALGORITHMS: Registry[type] = Registry("algorithm")
 Payload = dict[str, Any]
 Reply = dict[str, Any]
 Predictor = Callable[[Tensor], Tensor]
-
-
-def shifted(grads: Mapping[str, Tensor], terms: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """g + terms[name] for every gradient that has a term (the others as they are): ``correct_grads``'s
-    additive corrections."""
-    return {name: g + terms[name] if name in terms else g for name, g in grads.items()}
 
 
 class LocalWork:
@@ -417,13 +410,20 @@ def train_loop(
 ) -> float:
     """The shared local loop: a fresh SGD optimiser over ``trainable_parameters``, ``epochs`` shuffled passes
     drawn from ``work.rng``, on each batch ``loss``, backward, ``correct_grads``, the gradient-norm clip
-    ``local.grad_clip`` and the step (counted in ``work.steps``); returns the mean loss.
+    ``local.grad_clip`` and the step (counted in ``work.steps``). Other parameters are frozen for the loop
+    (FedRep's head epochs skip the body's backward; the steps are the same).
 
-    ``epochs`` defaults to ``local.epochs``, ``lr`` to ``local.lr * local.lr_decay^(t - 1)`` in round t
-    (``work.round``); ``plain_sgd`` drops ``local.momentum`` and ``local.weight_decay`` (e.g. Ditto's
-    personal steps). The model's other parameters are frozen for the loop, so backward computes no
-    gradient for them (FedRep's head epochs skip the body's backward); the gradients it does compute, and
-    so the steps, are the same.
+    Args:
+        algorithm: Whose hooks the loop calls.
+        model: The client's model, trained in place.
+        data: The client's data.
+        work: The client's round (its rng, payload, state, step count).
+        epochs: Passes over the data (default ``local.epochs``).
+        lr: The step size (default ``local.lr * local.lr_decay^(t - 1)`` in round t, ``work.round``).
+        plain_sgd: Drop ``local.momentum`` and ``local.weight_decay`` (e.g. Ditto's personal steps).
+
+    Returns:
+        The mean training loss.
     """
     params = [p for p in algorithm.trainable_parameters(model, work) if p.requires_grad]
     cfg = algorithm.ctx.local

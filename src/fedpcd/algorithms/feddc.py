@@ -31,9 +31,9 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.common import Weighting
 from fedpcd.algorithms.context import ClientData
-from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply, shifted
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Reply
 from fedpcd.algorithms.scaffold import Scaffold
-from fedpcd.algorithms.statedict import zeros_like_params
+from fedpcd.algorithms.statedict import shifted, zeros_like_params
 
 
 @ALGORITHMS.register("feddc")

@@ -32,9 +32,9 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.common import Weighting, reply_weights
 from fedpcd.algorithms.context import ClientData
-from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor, Reply, shifted
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor, Reply
 from fedpcd.algorithms.fedavg import FedAvg
-from fedpcd.algorithms.statedict import weighted_average, zeros_like_params
+from fedpcd.algorithms.statedict import shifted, weighted_average, zeros_like_params
 
 
 @ALGORITHMS.register("feddyn")

@@ -36,9 +36,9 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.common import Weighting, reply_weights, round_lr
 from fedpcd.algorithms.context import ClientData, Context
-from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply, shifted
+from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
 from fedpcd.algorithms.fedavg import FedAvg
-from fedpcd.algorithms.statedict import StateDict, clone_state, weighted_average, zeros_like_params
+from fedpcd.algorithms.statedict import StateDict, clone_state, shifted, weighted_average, zeros_like_params
 
 
 def option_two_control(

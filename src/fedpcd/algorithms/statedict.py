@@ -142,3 +142,9 @@ def average_dicts(dicts: Sequence[Mapping[str, Tensor]], weights: Sequence[float
             acc.add_(d[key], alpha=w / total)
         out[key] = acc
     return out
+
+
+def shifted(grads: Mapping[str, Tensor], terms: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """g + terms[name] for every gradient that has a term (the others as they are): ``correct_grads``'s
+    additive corrections."""
+    return {name: g + terms[name] if name in terms else g for name, g in grads.items()}

@@ -1,11 +1,11 @@
 """The capability to be trained by the vectorized executor (``engine.executor: vectorized``), declared apart
 from the algorithm contract.
 
-An algorithm that inherits :class:`Vectorizable` and keeps the contract's ``local_update`` and ``fit`` may be
+An algorithm that inherits ``Vectorizable`` and keeps the contract's ``local_update`` and ``fit`` may be
 trained for many clients at once: ``begin_local`` and ``end_local`` run per client as usual, and the steps
 of the shared loop run under ``torch.func.vmap`` over the clients' stacked model tensors and works (the
 tensors of ``work.payload``, ``work.state`` and the working values along a leading client dimension). There
-the loss is :meth:`Vectorizable.traceable_loss` and ``correct_grads`` is vmapped as well, so both must be
+the loss is ``Vectorizable.traceable_loss`` and ``correct_grads`` is vmapped as well, so both must be
 tensor code: no data-dependent Python control flow or boolean indexing, no random draws, out of place.
 """
 
@@ -17,7 +17,7 @@ from fedpcd.algorithms.contract import LocalWork
 
 
 class Vectorizable:
-    """Mixin: the algorithm can be trained by the vectorized executor, unless :meth:`vectorize_blocker` names
+    """Mixin: the algorithm can be trained by the vectorized executor, unless ``vectorize_blocker`` names
     a reason."""
 
     def vectorize_blocker(self) -> str | None:

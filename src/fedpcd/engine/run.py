@@ -95,9 +95,12 @@ class Run:
         checkpoint = None
         if folder.checkpoint.exists():
             checkpoint = folder.load_checkpoint(resolve_device(config.engine.device))
+        if "rounds" in keys:
+            _check_more_rounds(folder, config, checkpoint)
+        if checkpoint is not None:
             check_checkpoint(checkpoint, folder, config, allow)
         if changes:
-            _write_changes(folder, config, keys, changes, checkpoint)
+            dump_config(load_run_config(folder.config, list(changes)), folder.config)
         run = cls(config, folder, checkpoint, restart=True)
         if run.finished:
             return run
@@ -179,24 +182,17 @@ def _check_resumable(folder: RunDir) -> None:
     )
 
 
-def _write_changes(
-    folder: RunDir,
-    config: Config,
-    keys: Sequence[str],
-    changes: Sequence[str],
-    checkpoint: dict[str, Any] | None,
-) -> None:
-    """Write a resume's ``KEY=VALUE`` changes into the run's config.yaml (its ``output_dir`` as written),
-    after checking them: ``rounds`` above the rounds done (the checkpoint's round, else summary.json's)."""
+def _check_more_rounds(folder: RunDir, config: Config, checkpoint: dict[str, Any] | None) -> None:
+    """Refuse a resume's ``rounds=N`` that is not above the rounds done (the checkpoint's round, else
+    summary.json's): it would not extend the run."""
     done = checkpoint["round"] if checkpoint is not None else None
     if done is None and folder.summary.exists():
         done = folder.read_summary().get("rounds")
-    if "rounds" in keys and done is not None and config.rounds <= done:
+    if done is not None and config.rounds <= done:
         raise UserError(
             f"rounds={config.rounds} does not extend {folder.path}: it has run {done} rounds; give more than "
             f"{done}"
         )
-    dump_config(load_run_config(folder.config, list(changes)), folder.config)
 
 
 def _check_extension(run: Run) -> None:
