@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork
 from fedpcd.algorithms.lgfedavg import LGFedAvg
 from fedpcd.algorithms.statedict import device_of
+from fedpcd.algorithms.vectorizable import TwoFormLoss
 
 
 def supcon_loss(z: Tensor, y: Tensor, tau: float, normalize: bool = True, traceable: bool = False) -> Tensor:
@@ -82,7 +83,7 @@ def classifier_proximal(
 
 @ALGORITHMS.register("fedclassavg")
 @dataclass
-class FedClassAvg(LGFedAvg):
+class FedClassAvg(TwoFormLoss, LGFedAvg):
     """FedClassAvg: LG-FedAvg's shared classifier, a proximal term to it, supervised contrastive learning."""
 
     rho: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.1  # [O] README's --mu
@@ -91,17 +92,10 @@ class FedClassAvg(LGFedAvg):
     tau: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 0.07  # SupCon temperature
     normalize: bool = True  # L2-normalise z before SupCon ([O]: false)
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """CE + (rho/2) prox(head, received head) + lam SupCon(z, y)."""
-        return self._loss(model, batch, work, traceable=False)
-
-    def traceable_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """The loss with SupCon's masked form."""
-        return self._loss(model, batch, work, traceable=True)
-
-    def _loss(
+    def loss_form(
         self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
     ) -> Tensor:
+        """CE + (rho/2) prox(head, received head) + lam SupCon(z, y); ``traceable``: SupCon's masked form."""
         x, y = batch
         z = model.features(x)
         total = F.cross_entropy(model.head(z), y)

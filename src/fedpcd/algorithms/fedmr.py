@@ -55,6 +55,7 @@ from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
 from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.algorithms.presets import Preset
 from fedpcd.algorithms.statedict import device_of, weighted_average
+from fedpcd.algorithms.vectorizable import TwoFormLoss
 
 # ----- the two losses (Sec. 3.3.1, 3.3.2) -------------------------------------------------------------------
 
@@ -222,7 +223,7 @@ _OFFICIAL = {
 
 @ALGORITHMS.register("fedmr")
 @dataclass
-class FedMR(FedAvg):
+class FedMR(TwoFormLoss, FedAvg):
     """FedMR: CE + mu1 * intra-class decorrelation (Eq. 3) + mu2 * inter-class prototype hinge (Eq. 4)."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
@@ -375,21 +376,15 @@ class FedMR(FedAvg):
             return "FedMR's Lite variant (lite_samples) draws random samples inside the loss"
         return reason
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """Eq. (5): CE + mu1 l_intra + mu2 l_inter (l_inter = 0 while no prototype exists)."""
-        return self._loss(model, batch, work, traceable=False)
-
-    def traceable_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """Eq. (5) with the masked forms of l_intra and l_inter."""
-        return self._loss(model, batch, work, traceable=True)
-
-    def _loss(
+    def loss_form(
         self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
     ) -> Tensor:
+        """Eq. (5): CE + mu1 l_intra + mu2 l_inter (l_inter = 0 while no prototype exists);
+        ``traceable``: the masked forms of l_intra and l_inter."""
         payload = work.payload
         inter_on = self.uses_prototypes and "prototypes" in payload
         if self.mu1 == 0.0 and not inter_on:
-            return super().loss(model, batch, work)
+            return FedAvg.loss(self, model, batch, work)  # plain cross-entropy, bit for bit
         x, y = batch
         z = model.features(x)
         total = F.cross_entropy(model.head(z), y)

@@ -35,6 +35,7 @@ from fedpcd.algorithms.context import CLASS_MEAN_UPLOADS, ClientData, Upload
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
 from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.algorithms.statedict import device_of
+from fedpcd.algorithms.vectorizable import TwoFormLoss
 
 
 def prototype_contrastive_loss(
@@ -59,7 +60,7 @@ def prototype_contrastive_loss(
 
 @ALGORITHMS.register("fedproc")
 @dataclass
-class FedProc(FedAvg):
+class FedProc(TwoFormLoss, FedAvg):
     """FedProc: FedAvg + weight * l_pc against count-averaged global class prototypes."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
@@ -102,17 +103,10 @@ class FedProc(FedAvg):
         reply.update(class_means_reply(model, data))
         return reply, state
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """CE + weight * l_pc (l_pc = 0 while no prototype exists)."""
-        return self._loss(model, batch, work, traceable=False)
-
-    def traceable_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """CE + weight * l_pc in its masked form."""
-        return self._loss(model, batch, work, traceable=True)
-
-    def _loss(
+    def loss_form(
         self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
     ) -> Tensor:
+        """CE + weight * l_pc (l_pc = 0 while no prototype exists); ``traceable``: l_pc's masked form."""
         x, y = batch
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)

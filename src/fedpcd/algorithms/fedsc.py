@@ -56,6 +56,7 @@ from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
 from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.algorithms.presets import Preset
 from fedpcd.algorithms.statedict import device_of
+from fedpcd.algorithms.vectorizable import TwoFormLoss
 
 U_MIN = 1e-6  # clamp of the U normaliser (Eq. 13; a library choice)
 
@@ -204,7 +205,7 @@ _UNSET = {
 
 @ALGORITHMS.register("fedsc")
 @dataclass
-class FedSC(FedAvg):
+class FedSC(TwoFormLoss, FedAvg):
     """FedSC: CE + RPCL against relational prototypes + CPDR towards consistent prototypes."""
 
     extra_uploads: ClassVar[tuple[str, ...]] = ("classes", "class_counts", "class_means")
@@ -377,17 +378,11 @@ class FedSC(FedAvg):
             reply.update(class_means_reply(model, data))
         return reply, state
 
-    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """mean_i [CE_i + 1{y_i has prototypes} (rpcl_weight RPCL_i + cpdr_weight CPDR_i)] (Eqs. 14-16)."""
-        return self._loss(model, batch, work, traceable=False)
-
-    def traceable_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
-        """The loss with the samples of classes without prototypes masked instead of indexed out."""
-        return self._loss(model, batch, work, traceable=True)
-
-    def _loss(
+    def loss_form(
         self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
     ) -> Tensor:
+        """mean_i [CE_i + 1{y_i has prototypes} (rpcl_weight RPCL_i + cpdr_weight CPDR_i)] (Eqs. 14-16).
+        ``traceable``: the samples of classes without prototypes masked instead of indexed out."""
         x, y = batch
         z = model.features(x)
         loss = F.cross_entropy(model.head(z), y)

@@ -42,3 +42,23 @@ class Vectorizable:
             The scalar loss.
         """
         return self.loss(model, batch, work)  # type: ignore[attr-defined]
+
+
+class TwoFormLoss(Vectorizable):
+    """For a loss with a data-dependent branch (boolean masks, ``if valid.any()``): ``loss`` and
+    ``traceable_loss`` are ``loss_form`` with ``traceable`` False and True."""
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
+        """The contract's ``loss``: ``loss_form`` with its data-dependent branches."""
+        return self.loss_form(model, batch, work, traceable=False)
+
+    def traceable_loss(self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork) -> Tensor:
+        """``loss_form`` in its masked form, for ``torch.func.vmap``."""
+        return self.loss_form(model, batch, work, traceable=True)
+
+    def loss_form(
+        self, model: nn.Module, batch: tuple[Tensor, Tensor], work: LocalWork, traceable: bool
+    ) -> Tensor:
+        """The loss, with data-dependent branches or (``traceable``) their masked form, equal up to float
+        rounding."""
+        raise NotImplementedError
