@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+import fedpcd
 
 # FEDPCD_TEST_THREADS: run the suite under another thread count (results must not depend on it)
 torch.set_num_threads(int(os.environ.get("FEDPCD_TEST_THREADS", "1")))
@@ -146,3 +150,31 @@ TINY_SYNTHETIC = [  # a tiny synthetic federation: the DP, robust aggregation an
     "local.batch_size=64",
     "personal_test=split",
 ]
+
+
+# the command line in a subprocess, as a user runs it (the hardening tests)
+SRC = str(Path(fedpcd.__file__).resolve().parents[1])  # this checkout's package, for the subprocesses
+
+
+TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "local.batch_size=32", "clients=2"]
+
+
+def cli_run(argv: list[str], timeout: float = 120, **popen: object) -> subprocess.CompletedProcess[str]:
+    """The real command line, ``fedpcd ARGV``, to its end."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    return subprocess.run(
+        [sys.executable, "-m", "fedpcd.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **popen,
+    )
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The command failed with exit code 2 and exactly one 'fedpcd: error:' line on stderr."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedpcd: error: "), proc.stderr
+    return lines[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import fedpcd
+from conftest import SRC, TINY, cli_run, one_error_line
 from fedpcd import procs_guard
 from fedpcd.cli import main
 from fedpcd.config_input import MAX_CONFIG_BYTES
@@ -354,33 +354,6 @@ def test_the_config_in_a_message_is_read_with_the_config_file_limits(flower_mess
         config_from_text("a: [1\n")
 
 
-SRC = str(Path(fedpcd.__file__).resolve().parents[1])  # this checkout's package, for the subprocesses
-
-
-TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "local.batch_size=32", "clients=2"]
-
-
-def _cli(argv: list[str], timeout: float = 120, **popen: object) -> subprocess.CompletedProcess[str]:
-    """The real command line, ``fedpcd ARGV``, to its end."""
-    env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run(
-        [sys.executable, "-m", "fedpcd.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        **popen,
-    )
-
-
-def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    """The command failed with exit code 2 and exactly one 'fedpcd: error:' line on stderr."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fedpcd: error: "), proc.stderr
-    return lines[0]
-
-
 def test_show_text_escapes_every_control_character_and_keeps_printable_text():
     assert show_text("runs/ä b") == "runs/ä b"
     assert show_text("a\x1b[31mred\nb\r\u202e") == "a\\x1b[31mred\\nb\\r\\u202e"
@@ -389,11 +362,11 @@ def test_show_text_escapes_every_control_character_and_keeps_printable_text():
 
 def test_an_output_dir_with_an_escape_sequence_is_printed_escaped(tmp_path):
     out = tmp_path / "a\x1b[2Jb"
-    proc = _cli(["run", "--quiet", *TINY, "rounds=1", f"output_dir={out}"], timeout=180)
+    proc = cli_run(["run", "--quiet", *TINY, "rounds=1", f"output_dir={out}"], timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert "\x1b" not in proc.stdout and "\x1b" not in proc.stderr
     assert f"run directory: {tmp_path}/a\\x1b[2Jb  (" in proc.stdout
-    line = _one_error_line(_cli(["run", "--quiet", *TINY, "rounds=1", f"output_dir={out}"], timeout=180))
+    line = one_error_line(cli_run(["run", "--quiet", *TINY, "rounds=1", f"output_dir={out}"], timeout=180))
     assert "\x1b" not in line and "a\\x1b[2Jb" in line  # already holds a run: the error line is escaped too
 
 
@@ -417,7 +390,7 @@ def test_a_plugin_calling_os_exit_at_import_is_a_failed_plugin_not_a_silent_exit
         env=env,
         timeout=120,
     )
-    assert _one_error_line(proc) == (
+    assert one_error_line(proc) == (
         "fedpcd: error: plugin 'exit' (fedpcd.models = fedpcd_exit from fedpcd-exit) failed to load: "
         "PluginExit: it called os._exit(0) while imported"
     )

@@ -5,14 +5,11 @@ is."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-import fedpcd
+from conftest import TINY, cli_run, one_error_line
 from fedpcd.cli import main
 from fedpcd.errors import UserError
 
@@ -69,33 +66,6 @@ def test_resume_refuses_a_foreign_partition_json(tmp_path, capsys):
     assert (out / "config.yaml").read_bytes() == mine
 
 
-SRC = str(Path(fedpcd.__file__).resolve().parents[1])  # this checkout's package, for the subprocesses
-
-
-TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "local.batch_size=32", "clients=2"]
-
-
-def _cli(argv: list[str], timeout: float = 120, **popen: object) -> subprocess.CompletedProcess[str]:
-    """The real command line, ``fedpcd ARGV``, to its end."""
-    env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run(
-        [sys.executable, "-m", "fedpcd.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        **popen,
-    )
-
-
-def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    """The command failed with exit code 2 and exactly one 'fedpcd: error:' line on stderr."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fedpcd: error: "), proc.stderr
-    return lines[0]
-
-
 def _without_wall(run: Path) -> list[dict[str, object]]:
     """A run's metrics.jsonl records without their wall times (the rest is bitwise reproducible)."""
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -105,17 +75,17 @@ def _without_wall(run: Path) -> list[dict[str, object]]:
 def test_a_partition_json_changed_since_the_checkpoint_is_refused_at_resume(tmp_path):
     out = tmp_path / "run"
     argv = ["run", "--quiet", *TINY, "rounds=1", "engine.checkpoint_every=1", f"output_dir={out}"]
-    assert _cli(argv, timeout=180).returncode == 0
+    assert cli_run(argv, timeout=180).returncode == 0
     more = ["run", "--quiet", "--resume", str(out), "--allow-config-change", "rounds"]
     config = (out / "config.yaml").read_text()
     (out / "config.yaml").write_text(config.replace("rounds: 1\n", "rounds: 2\n"))
     partition = json.loads((out / "partition.json").read_text())
     (out / "partition.json").write_text(json.dumps(partition, indent=1))  # same data, other bytes: changed
-    line = _one_error_line(_cli(more, timeout=120))
+    line = one_error_line(cli_run(more, timeout=120))
     assert line == (
         f"fedpcd: error: {out}/partition.json changed since the checkpoint (its SHA-256 differs): a run "
         "cannot go on with another partition; restore the file or start a new run"
     )
     (out / "partition.json").write_text(json.dumps(partition))  # as the run wrote it: it goes on
-    assert _cli(more, timeout=180).returncode == 0
+    assert cli_run(more, timeout=180).returncode == 0
     assert [r["round"] for r in _without_wall(out)] == [1, 2]

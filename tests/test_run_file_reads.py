@@ -7,46 +7,18 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-import fedpcd
+from conftest import TINY, cli_run, one_error_line
 from fedpcd import api
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
 from fedpcd.run_read import read_metrics, read_summary
 from fedpcd.run_schema import MAX_ROUNDS, Record, Summary, check
 from fedpcd.utils import read_user_bytes, read_user_text
-
-SRC = str(Path(fedpcd.__file__).resolve().parents[1])  # this checkout's package, for the subprocesses
-
-
-TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "local.batch_size=32", "clients=2"]
-
-
-def _cli(argv: list[str], timeout: float = 120, **popen: object) -> subprocess.CompletedProcess[str]:
-    """The real command line, ``fedpcd ARGV``, to its end."""
-    env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run(
-        [sys.executable, "-m", "fedpcd.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        **popen,
-    )
-
-
-def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    """The command failed with exit code 2 and exactly one 'fedpcd: error:' line on stderr."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fedpcd: error: "), proc.stderr
-    return lines[0]
 
 
 def _finished_run(folder: Path, seed: int = 0) -> Path:
@@ -85,12 +57,12 @@ def test_a_device_is_refused_by_kind_and_a_large_file_by_size(tmp_path):
 def test_config_and_partition_files_that_are_not_regular_files_are_one_line_through_the_cli(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    line = _one_error_line(_cli(["config", "show", "--config", "/dev/zero"], timeout=60))
+    line = one_error_line(cli_run(["config", "show", "--config", "/dev/zero"], timeout=60))
     assert line == "fedpcd: error: config file /dev/zero is a character device; give a regular file"
-    line = _one_error_line(_cli(["config", "show", "--config", str(fifo)], timeout=60))
+    line = one_error_line(cli_run(["config", "show", "--config", str(fifo)], timeout=60))
     assert line == f"fedpcd: error: config file {fifo} is a FIFO (named pipe); give a regular file"
     argv = ["partition", *TINY, "partition.scheme=explicit", "partition.path=/dev/zero"]
-    line = _one_error_line(_cli(argv, timeout=120))
+    line = one_error_line(cli_run(argv, timeout=120))
     assert line.endswith("/dev/zero is a character device; give a regular file"), line
 
 
@@ -100,7 +72,7 @@ def test_a_run_file_that_is_a_link_is_refused_not_read(tmp_path, name):
     run = _finished_run(tmp_path / "runs" / "a")
     (run / name).unlink()
     (run / name).symlink_to(other / name)
-    line = _one_error_line(_cli(["report", str(tmp_path / "runs")], timeout=60))
+    line = one_error_line(cli_run(["report", str(tmp_path / "runs")], timeout=60))
     assert line.endswith(
         f"{run / name} is a symbolic link; fedpcd never follows links in a run or sweep folder: replace it "
         "with the real file"
@@ -133,7 +105,7 @@ def test_a_summary_out_of_its_schema_is_one_line_naming_the_file_and_field(tmp_p
     with pytest.raises(UserError) as caught:
         read_summary(run / "summary.json")
     assert str(caught.value) == f"summary file {run}/summary.json is not a fedpcd summary: {needle}"
-    line = _one_error_line(_cli(["report", str(tmp_path / "runs")], timeout=60))
+    line = one_error_line(cli_run(["report", str(tmp_path / "runs")], timeout=60))
     assert line == f"fedpcd: error: summary file {run}/summary.json is not a fedpcd summary: {needle}"
 
 

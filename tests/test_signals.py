@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import fedpcd
+from conftest import SRC, TINY, cli_run, one_error_line
 from fedpcd import procs_guard
 from fedpcd.cli import main
 from fedpcd.errors import STOP_SIGNALS
@@ -256,33 +256,6 @@ def test_exit_when_gone_and_die_with_parent_share_one_watch(monkeypatch):
     assert calls == [(True, 1, procs_guard.POLL_S), (True, 0, 0.25)]
 
 
-SRC = str(Path(fedpcd.__file__).resolve().parents[1])  # this checkout's package, for the subprocesses
-
-
-TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "local.batch_size=32", "clients=2"]
-
-
-def _cli(argv: list[str], timeout: float = 120, **popen: object) -> subprocess.CompletedProcess[str]:
-    """The real command line, ``fedpcd ARGV``, to its end."""
-    env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run(
-        [sys.executable, "-m", "fedpcd.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        **popen,
-    )
-
-
-def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    """The command failed with exit code 2 and exactly one 'fedpcd: error:' line on stderr."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fedpcd: error: "), proc.stderr
-    return lines[0]
-
-
 @pytest.mark.parametrize("sig", STOP_SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_each_stop_signal_ends_a_run_with_one_line_its_lock_released(tmp_path, sig):
     out = tmp_path / "run"
@@ -337,7 +310,7 @@ sys.exit(main(sys.argv[2:]))
 def test_a_run_killed_during_start_up_restarts_as_readme_says(tmp_path, at):
     ref, out = tmp_path / "ref", tmp_path / "out"
     argv = ["run", "--quiet", *TINY, "rounds=1"]
-    assert _cli([*argv, f"output_dir={ref}"], timeout=180).returncode == 0
+    assert cli_run([*argv, f"output_dir={ref}"], timeout=180).returncode == 0
     env = {**os.environ, "PYTHONPATH": SRC}
     killed = subprocess.run(
         [sys.executable, "-c", _KILL_START_UP_AT, at, *argv, f"output_dir={out}"],
@@ -347,14 +320,14 @@ def test_a_run_killed_during_start_up_restarts_as_readme_says(tmp_path, at):
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     if at == "partition.json":  # config.yaml is in place: the resume restarts it from round 0
-        again = _cli(["run", "--quiet", "--resume", str(out)], timeout=180)
+        again = cli_run(["run", "--quiet", "--resume", str(out)], timeout=180)
     else:  # nothing to resume: the resume says so in one line, and the same command starts it again
-        line = _one_error_line(_cli(["run", "--quiet", "--resume", str(out)], timeout=60))
+        line = one_error_line(cli_run(["run", "--quiet", "--resume", str(out)], timeout=60))
         assert line == (
             f"fedpcd: error: {out} was stopped before its run started (no config.yaml yet): start it again "
             "with the same fedpcd run command (same config and output_dir)"
         )
-        again = _cli([*argv, f"output_dir={out}"], timeout=180)
+        again = cli_run([*argv, f"output_dir={out}"], timeout=180)
     assert again.returncode == 0, again.stderr
     assert _without_wall(out) == _without_wall(ref)
     assert not [p.name for p in out.rglob("*.tmp")]

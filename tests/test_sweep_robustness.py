@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-import fedpcd
+from conftest import SRC, TINY, cli_run, one_error_line
 from fedpcd.cli import main
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
@@ -252,39 +252,12 @@ def test_sigterm_on_a_sweep_stops_its_workers_runs_at_once(tmp_path):
     assert listed == ["resume", str(out / "seed0"), "resume", str(out / "seed1"), "new", str(out / "seed2")]
 
 
-SRC = str(Path(fedpcd.__file__).resolve().parents[1])  # this checkout's package, for the subprocesses
-
-
-TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "local.batch_size=32", "clients=2"]
-
-
-def _cli(argv: list[str], timeout: float = 120, **popen: object) -> subprocess.CompletedProcess[str]:
-    """The real command line, ``fedpcd ARGV``, to its end."""
-    env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run(
-        [sys.executable, "-m", "fedpcd.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        **popen,
-    )
-
-
-def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    """The command failed with exit code 2 and exactly one 'fedpcd: error:' line on stderr."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fedpcd: error: "), proc.stderr
-    return lines[0]
-
-
 def test_a_sweep_grid_over_the_limit_is_counted_and_refused_before_it_is_built(tmp_path):
     sweep = {"output_dir": str(tmp_path / "s"), "sweep": {f"a{i}": list(range(100)) for i in range(4)}}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
     start = time.monotonic()
-    line = _one_error_line(_cli(["sweep", "--config", str(path), "--dry-run"], timeout=60))
+    line = one_error_line(cli_run(["sweep", "--config", str(path), "--dry-run"], timeout=60))
     assert time.monotonic() - start < 30  # 10^8 configs would take hours
     assert line == (
         f"fedpcd: error: the sweep in {path} has 100,000,000 runs (100 a0 x 100 a1 x 100 a2 x 100 a3), over "
