@@ -178,3 +178,24 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedpcd: error: "), proc.stderr
     return lines[0]
+
+
+def install_plugin(site: Path, code: str) -> None:
+    """An installed plugin (a dist-info with its entry point, and its module) in the folder ``site``."""
+    info = site / "fedpcd_exit-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Name: fedpcd-exit\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[fedpcd.models]\nexit = fedpcd_exit\n")
+    (site / "fedpcd_exit.py").write_text(code)
+
+
+def start_cli(argv: list[str], out_dir: Path, **popen: object) -> subprocess.Popen:
+    """``python -m fedpcd.cli ARGV`` in a new session, stdout and stderr to files in ``out_dir``."""
+    with open(out_dir / "stdout.txt", "wb") as out, open(out_dir / "stderr.txt", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fedpcd.cli", *argv],
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            **popen,
+        )

@@ -11,11 +11,10 @@ import os
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import SRC, TINY, cli_run, one_error_line
+from conftest import SRC, TINY, cli_run, install_plugin, one_error_line, start_cli
 from fedpcd import procs_guard
 from fedpcd.cli import main
 from fedpcd.config_input import MAX_CONFIG_BYTES
@@ -181,18 +180,6 @@ SMALLER_RUN = (
 )
 
 
-def _start_cli(argv: list[str], out_dir: Path, **popen: object) -> subprocess.Popen:
-    """``python -m fedpcd.cli ARGV`` in a new session, stdout and stderr to files in ``out_dir``."""
-    with open(out_dir / "stdout.txt", "wb") as out, open(out_dir / "stderr.txt", "wb") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "fedpcd.cli", *argv],
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-            **popen,
-        )
-
-
 @pytest.fixture
 def no_limit(monkeypatch):
     monkeypatch.setattr(procs_guard, "_address_space_limit", lambda: None)
@@ -274,7 +261,7 @@ def test_a_run_under_ulimit_v_too_small_for_torch_is_one_line(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
     out = tmp_path / "run"
-    proc = _start_cli(
+    proc = start_cli(
         ["run", "--quiet", *SMALL, "clients=2", "rounds=1", f"output_dir={out}"],
         tmp_path,
         preexec_fn=small_address_space,
@@ -370,18 +357,9 @@ def test_an_output_dir_with_an_escape_sequence_is_printed_escaped(tmp_path):
     assert "\x1b" not in line and "a\\x1b[2Jb" in line  # already holds a run: the error line is escaped too
 
 
-def _plugin(site: Path, code: str) -> None:
-    """An installed plugin (a dist-info with its entry point, and its module) in the folder ``site``."""
-    info = site / "fedpcd_exit-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Name: fedpcd-exit\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[fedpcd.models]\nexit = fedpcd_exit\n")
-    (site / "fedpcd_exit.py").write_text(code)
-
-
 def test_a_plugin_calling_os_exit_at_import_is_a_failed_plugin_not_a_silent_exit_0(tmp_path):
     site = tmp_path / "site"
-    _plugin(site, "import os\nos._exit(0)\n")
+    install_plugin(site, "import os\nos._exit(0)\n")
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{site}"}
     proc = subprocess.run(
         [sys.executable, "-m", "fedpcd.cli", "run", *TINY, "rounds=1", f"output_dir={tmp_path / 'r'}"],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SRC, TINY, cli_run, one_error_line
+from conftest import SRC, TINY, cli_run, one_error_line, start_cli
 from fedpcd import procs_guard
 from fedpcd.cli import main
 from fedpcd.errors import STOP_SIGNALS
@@ -115,18 +115,6 @@ def test_sigterm_on_a_local_run_is_like_ctrl_c(tmp_path):
 SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
 
 
-def _start_cli(argv: list[str], out_dir: Path, **popen: object) -> subprocess.Popen:
-    """``python -m fedpcd.cli ARGV`` in a new session, stdout and stderr to files in ``out_dir``."""
-    with open(out_dir / "stdout.txt", "wb") as out, open(out_dir / "stderr.txt", "wb") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "fedpcd.cli", *argv],
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-            **popen,
-        )
-
-
 @pytest.mark.slow
 def test_ctrl_c_on_a_flower_simulation_prints_only_fedpcds_line(tmp_path):
     """A terminal's Ctrl-C (SIGINT to the process group) in the middle of a Flower simulation: exit 130, the
@@ -140,7 +128,7 @@ def test_ctrl_c_on_a_flower_simulation_prints_only_fedpcds_line(tmp_path):
         (tmp_path / sub).mkdir()
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "RAY_TMPDIR": str(tmp_path / "ray")}
     argv = ["run", "--quiet", "backend=flower", *SMALL, "clients=2", "rounds=500", f"output_dir={out}"]
-    proc = _start_cli(argv, tmp_path, env=env)
+    proc = start_cli(argv, tmp_path, env=env)
     seen: set[procs.Proc] = set()
     metrics = out / "metrics.jsonl"
     while proc.poll() is None and not (metrics.exists() and metrics.read_text().count("\n") >= 1):

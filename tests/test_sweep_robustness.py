@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import SRC, TINY, cli_run, one_error_line
+from conftest import SRC, TINY, cli_run, install_plugin, one_error_line
 from fedpcd.cli import main
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
@@ -327,18 +327,9 @@ if multiprocessing.parent_process() is not None:  # a sweep's worker process onl
 """
 
 
-def _plugin(site: Path, code: str) -> None:
-    """An installed plugin (a dist-info with its entry point, and its module) in the folder ``site``."""
-    info = site / "fedpcd_exit-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Name: fedpcd-exit\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[fedpcd.models]\nexit = fedpcd_exit\n")
-    (site / "fedpcd_exit.py").write_text(code)
-
-
 def test_a_plugin_that_kills_every_worker_fails_its_runs_with_a_one_line_summary(tmp_path):
     site = tmp_path / "site"
-    _plugin(site, _WORKER_ONLY_KILL)
+    install_plugin(site, _WORKER_ONLY_KILL)
     path = _two_run_sweep(tmp_path, rounds=1)
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{site}"}
     proc = subprocess.run(
