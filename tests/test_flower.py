@@ -556,6 +556,9 @@ def test_flwr_run_config_reads_the_app_config_file_and_overrides(tmp_path, monke
     assert config_from_run_config({"config-file": "", "overrides": ""}, None).clients == 10
     with pytest.raises(UserError, match="config file not found"):
         config_from_run_config({"config-file": "nope.yaml"}, None)
+    # the key the run config had before the setting moved into fedpcd's config: named, not ignored
+    with pytest.raises(UserError, match="now the fedpcd setting flower.round_timeout"):
+        config_from_run_config({"config-file": "", "round-timeout": 600}, None)
 
 
 def test_flower_app_declares_fedpcd_components_and_no_torch_dependency():

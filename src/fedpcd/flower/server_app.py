@@ -124,6 +124,11 @@ def _find_file(name: str, grid: Grid) -> Path:
 
 def config_from_run_config(run_config: Any, grid: Grid) -> Config:
     """The fedpcd Config from ``flwr run``'s run config (``config-file`` and ``overrides``)."""
+    if "round-timeout" in run_config:  # the run config's key before the setting moved into the config
+        raise UserError(
+            "the run config's round-timeout is now the fedpcd setting flower.round_timeout: "
+            'set it in the config file or as overrides = "flower.round_timeout=SECONDS"'
+        )
     name = str(run_config.get("config-file", "") or "")
     overrides = shlex.split(str(run_config.get("overrides", "") or ""))
     return load_config(_find_file(name, grid) if name else None, overrides + ["backend=flower"])
