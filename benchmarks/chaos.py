@@ -18,7 +18,8 @@ Then the documented recovery: ``fedpcd run --resume`` for a run folder holding a
 none for a hung client (the run finishes without it). Each fault is checked against an uninterrupted
 reference run of the same config: metrics.jsonl equal (but wall times; a hung client's run: every round but
 the last, which must be there), the csv tracker's metrics.csv equal (but wall times), no process of the
-faulted command left, no temp file left, no traceback (every failure is one line). Prints a line per fault
+faulted command left, no temp file left, no traceback (every failure is one line), an exit code of a clean end
+(:func:`exit_codes`). Prints a line per fault
 and ``faults injected / survived / data lost``; exits 1 when a fault was not survived (a check failed) or
 lost data (metrics differ or could not be recovered).
 
@@ -198,6 +199,15 @@ def inject(
     return proc.wait(), seen
 
 
+def exit_codes(fault: Fault) -> set[int]:
+    """The exit codes a faulted command may end with: 0 (done before the signal, or no signal), 128 + the
+    signal's number (one line, as every command answers a stop signal), minus it (SIGKILL; or killed by
+    the signal before Python's handlers were in place); anything else (a crash) is not survived."""
+    if fault.sig is None:
+        return {0} if fault.kind == "hang" else {0, 1, 2}  # a full disk: the one-line error's 2 (or 1)
+    return {0, 128 + fault.sig, -fault.sig}
+
+
 def recover(kind: str, out: Path, argv: list[str], log: Path) -> int:
     """The documented recovery of a faulted command; its exit code (0: recovered)."""
     if kind == "hang":  # none: the run finishes without the hung client
@@ -323,7 +333,7 @@ def chaos(root: Path, faults: int, rng: random.Random, data: list[str], kinds: l
         problems, lost_here = check(kind, out, references[like], pids, log)
         if code is None:
             problems.insert(0, f"still running after {LIMIT_S:.0f} s: killed")
-        elif kind == "hang" and code != 0:
+        elif code not in exit_codes(fault):
             problems.insert(0, f"exited with {code} (see {log})")
         if recovered != 0:
             problems.insert(0, f"recovery exited with {recovered} (see {log})")

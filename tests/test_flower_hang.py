@@ -98,3 +98,32 @@ def test_a_hung_client_app_does_not_hold_a_finished_flower_run(tmp_path, ctrl_c)
     )
     assert len(seen) >= 3  # Ray ran
     assert not procs.wait_gone(seen, 30.0), "processes of the run left"
+
+
+def test_message_workers_are_the_threads_in_flowers_message_loop():
+    """``_message_workers`` finds a thread running Flower's message loop (``vce_api.worker``) while it runs,
+    and not after it ends, nor any other thread: a stop signal raises at once only while none runs (a worker
+    may wait in ray.get for a ClientApp, and Ray must not be shut down under it)."""
+    import queue
+    import threading
+
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.fleet.vce.metrics import VceMetrics
+
+    from fedpcd.flower.simulation import _message_workers
+
+    f_stop, idle = threading.Event(), threading.Event()
+    loop = threading.Thread(
+        target=vce_api.worker, args=(queue.Queue(), queue.Queue(), {}, None, f_stop, VceMetrics())
+    )
+    other = threading.Thread(target=idle.wait)
+    loop.start()
+    other.start()
+    try:
+        assert _message_workers() == [loop]
+    finally:
+        f_stop.set()
+        idle.set()
+        loop.join()
+        other.join()
+    assert _message_workers() == []

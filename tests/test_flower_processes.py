@@ -243,7 +243,7 @@ def test_ctrl_c_and_sigterm_stop_a_flower_run_promptly(flower_tmp_env, sig):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("the Flower run did not stop within 60 s of the signal")
-    assert proc.returncode == (130 if sig == signal.SIGINT else 15), _stderr(flower_tmp_env)
+    assert proc.returncode == 128 + sig, _stderr(flower_tmp_env)  # as on the local backend
     # the resume hint, not "Flower did not stop within ... s" (the deadline's line)
     assert _stderr(flower_tmp_env).strip().splitlines() == [
         f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"
@@ -252,6 +252,53 @@ def test_ctrl_c_and_sigterm_stop_a_flower_run_promptly(flower_tmp_env, sig):
     assert not [p for p in seen if procs.alive(p)]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == list(range(1, len(rows) + 1))
+
+
+def _wait_for_process(proc: subprocess.Popen, prefix: str, timeout: float) -> set[procs.Proc]:
+    """Wait until a descendant of ``proc`` whose command line starts with ``prefix`` runs; returns every
+    process seen descending from ``proc``."""
+    import psutil
+
+    seen: set[procs.Proc] = set()
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        now = procs.descendants(proc.pid)
+        seen |= now
+        for pid, _ in now:
+            try:
+                if " ".join(psutil.Process(pid).cmdline()).startswith(prefix):
+                    return seen
+            except psutil.Error:
+                continue
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"no process {prefix!r} started within {timeout} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "moment", ["ray::", "ray::ClientAppActor"], ids=["ray-workers-starting", "client-apps-starting"]
+)
+def test_a_stop_signal_during_a_flower_runs_start_up_ends_it(flower_tmp_env, moment):
+    """SIGHUP (a closed terminal) while Ray starts its first worker process, or as the first ClientApp
+    starts (Flower's message workers then wait for the ClientApps in ``ray.get``): the command ends by
+    itself with the one line and 128 + 1, as on the local backend, and leaves no process. It used to hang
+    at exit or crash there: raising into Flower's loop shut Ray down under a message worker waiting for a
+    ClientApp that Ray started after the signal had killed the others."""
+    out = flower_tmp_env / "run"
+    proc = _flower_cli(out, flower_tmp_env)
+    seen = _wait_for_process(proc, moment, timeout=240)
+    proc.send_signal(signal.SIGHUP)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the Flower run did not end within 60 s of SIGHUP")
+    assert proc.returncode == 128 + signal.SIGHUP, _stderr(flower_tmp_env)
+    assert _stderr(flower_tmp_env).strip().splitlines() == [
+        f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"
+    ]
+    assert not procs.wait_gone(seen, 10.0)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd.cli_args import INIT_FILE, parse_args
-from fedpcd.errors import STOP_SIGNALS, Terminated, UserError
+from fedpcd.errors import Terminated, UserError
 from fedpcd.procs_guard import (
     out_of_memory_line,
     stop_signals_raise,
@@ -233,17 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return 0
-    except (
-        KeyboardInterrupt,
-        SystemExit,
-    ) as exc:  # Ctrl-C, STOP_SIGNALS; in a Flower run: SystemExit(signum)
-        if isinstance(exc, SystemExit) and exc.code not in STOP_SIGNALS:
-            raise
+    except KeyboardInterrupt as exc:  # Ctrl-C, or Terminated by one of STOP_SIGNALS
         hint = getattr(args, "resume_hint", None)
         print(show_text(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}"), file=sys.stderr)
-        if isinstance(exc, Terminated):
-            return 128 + int(exc.signum)
-        return 130 if isinstance(exc, KeyboardInterrupt) else int(exc.code)  # type: ignore[arg-type]
+        return 128 + int(exc.signum) if isinstance(exc, Terminated) else 130
     except (MemoryError, ImportError, RuntimeError, SystemError) as exc:  # memory ran out? else re-raised
         line = out_of_memory_line(exc)
         if line is None:

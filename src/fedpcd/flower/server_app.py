@@ -39,7 +39,13 @@ from fedpcd.engine.rounds import RoundObserver, run_rounds  # noqa: E402
 from fedpcd.engine.run import Run  # noqa: E402
 from fedpcd.errors import UserError  # noqa: E402
 from fedpcd.flower import secagg  # noqa: E402
-from fedpcd.flower.discovery import PollingGrid, discover, federation_size, fit_to_federation  # noqa: E402
+from fedpcd.flower.discovery import (  # noqa: E402
+    Interrupted,
+    PollingGrid,
+    discover,
+    federation_size,
+    fit_to_federation,
+)
 from fedpcd.flower.grid_executor import GridExecutor  # noqa: E402
 from fedpcd.flower.protocol import config_text  # noqa: E402
 from fedpcd.observers import Callback, round_observers  # noqa: E402
@@ -167,6 +173,8 @@ def make_server_app(
                 adapt_clients=run is None and bool(run_config.get("adapt-clients", True)),
                 resume=bool(run_config.get("resume", False)),
             )
+        except Interrupted:  # in-process, stopped by a signal: run_flower raises it once Flower has returned
+            return
         except UserError as exc:
             if run is not None:  # in-process (fedpcd run backend=flower): the caller reports it
                 raise

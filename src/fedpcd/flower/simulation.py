@@ -5,11 +5,15 @@ does; the ClientApps run in Ray actor processes (one CPU each). Ray binds to 127
 Ray keep their files in a temporary directory that is removed afterwards, and every process the run
 started is checked by pid at the end and stopped if Ray left it behind.
 
-Ctrl-C (SIGINT) or SIGTERM stop the run promptly: the ServerApp stops polling for replies, the ClientApps
-are killed (silently: Ray's reports of the workers it lost are expected then), Ray is shut down and its
-processes are stopped, and the rounds written so far stay in the run directory. A SIGKILL, which no
-process can handle, is covered by a watchdog process (:mod:`fedpcd.flower.watchdog`) that stops what Ray
-left behind once the run's process is gone.
+Ctrl-C (SIGINT), SIGTERM, SIGHUP or SIGQUIT stop the run promptly, as on the local backend (one line, the
+lock released, exit code 128 + the signal's number): the ServerApp stops polling, the ClientApps are killed
+(silently: Ray's reports of the workers it lost are expected then), Flower's simulation returns, Ray is
+shut down and its processes are stopped; the rounds written so far stay in the run directory. While
+Flower's message workers run, the signal does not interrupt Flower's loop (Ray would be shut down under a
+worker waiting in ``ray.get``, which then never returns or crashes the process at exit): the ClientApps are
+killed until every worker has ended, and the signal's exception is raised once Flower has returned. A
+SIGKILL, which no process can handle, is covered by a watchdog process (:mod:`fedpcd.flower.watchdog`)
+that stops what Ray left behind once the run's process is gone.
 
 A ClientApp that never answers is left out of its round after ``flower.round_timeout`` seconds; once the
 ServerApp is done, ClientApps still busy are stopped (:func:`_stop_busy_clients`): Flower's simulation
@@ -33,7 +37,7 @@ from typing import Any
 from fedpcd.config import Config
 from fedpcd.engine.rounds import RoundObserver
 from fedpcd.engine.run import Run
-from fedpcd.errors import STOP_SIGNALS, UserError
+from fedpcd.errors import STOP_SIGNALS, Terminated, UserError
 from fedpcd.flower import _env, procs, watchdog
 
 
@@ -115,13 +119,14 @@ def _run_simulation(
 ) -> dict[str, Any]:
     config = run.config
     result: dict[str, Any] = {}
-    stop = threading.Event()  # set on the way out: the ServerApp thread stops polling at once
+    stop = threading.Event()  # set on a stop signal or on the way out: the ServerApp stops polling at once
+    signalled: list[int] = []  # the stop signals received
     threads_before = set(threading.enumerate())
     deadline: list[threading.Timer] = []  # started by a signal, cancelled once the clean-up is done
     flwr_log = logging.getLogger("flwr")
     level = flwr_log.level
     with (
-        _signals_handled(stop, deadline),
+        _signals_handled(_on_signal(stop, deadline, signalled)),
         _env.flower_home() as base,
         _env.quiet_flower(verbose),
         warnings.catch_warnings(),
@@ -152,8 +157,7 @@ def _run_simulation(
         before = procs.descendants(os.getpid())  # the watchdog included: it is not Ray's
         sampler = threading.Thread(target=_sample, args=(started, before, stop), daemon=True)
         sampler.start()  # Ray's processes while they are ours: some are re-parented before the end
-        reaper = threading.Thread(target=_stop_busy_clients, args=(finished, stop, threads_before))
-        reaper.daemon = True
+        reaper = threading.Thread(target=_stop_busy_clients, args=(finished, stop), daemon=True)
         reaper.start()
         try:
             run_simulation(
@@ -163,79 +167,97 @@ def _run_simulation(
                 backend_name="ray",
                 backend_config=ray_backend_config(config, verbose, num_cpus),
             )
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:  # from _on_signal, while no message worker ran
             if "summary" not in result:
                 raise
             # a stop signal while a finished run cleans up: the run is complete, its summary is returned
-        finally:  # also on Ctrl-C (KeyboardInterrupt) and SIGTERM (SystemExit), see _on_signal
+        except Exception:
+            if not signalled:
+                raise
+            # Flower's loop failing as it was stopped: the signal is what the caller hears (below)
+        finally:
             stop.set()
-            _join_new_threads(threads_before, timeout=5.0)
+            _join_server_app(threads_before, timeout=5.0)
             sampler.join()
             reaper.join()
-            started.update(procs.descendants(os.getpid()) - before)
-            # ClientApps still training: stopping them makes Flower's message workers, which wait for
-            # them in ray.get, fail cleanly (ActorDiedError) before Ray is shut down under them
-            flwr_log.setLevel(logging.CRITICAL)  # the workers' ActorDiedErrors are expected
-            _mute_ray_errors()  # ... and so are Ray's reports of the ClientApps it lost
-            procs.stop(p for p in started if procs.alive(p) and _is_client_app(p))
-            _join_new_threads(threads_before, timeout=5.0, workers=True)
-            _shutdown_ray()
+            _shutdown_ray()  # Flower shuts it down when its loop ends; not when interrupted before that
             flwr_log.setLevel(level)
-            # ... and any process left with this run's RAY_TMPDIR in its environment (not the watchdog)
+            # every process Ray started, and any process left with this run's RAY_TMPDIR in its environment
             ours = (guard.pid, os.getpid())
+            started.update(procs.descendants(os.getpid()) - before)
             started.update(p for p in watchdog.with_env_mark(str(base)) if p[0] not in ours)
-            leftover = procs.stop(p for p in started if procs.alive(p))
+            leftover = procs.stop((p for p in started if procs.alive(p)), timeout=LEFTOVER_GRACE_S)
             watchdog.release(guard)
             for timer in deadline:
                 timer.cancel()
     if leftover:  # pragma: no cover - depends on the OS
         raise RuntimeError(f"could not stop processes {sorted(p for p, _ in leftover)} left by Ray")
-    if "summary" not in result:
-        raise RuntimeError(
-            "the Flower simulation ended without finishing the run "
-            "(run_flower(..., verbose=True) shows Flower's log)"
-        )
-    return result["summary"]
+    if "summary" in result:  # a stop signal after the ServerApp finished only hurried the clean-up
+        return result["summary"]
+    if signalled:
+        raise _stop_exception(signalled[0])
+    raise RuntimeError(
+        "the Flower simulation ended without finishing the run "
+        "(run_flower(..., verbose=True) shows Flower's log)"
+    )
 
 
-STOP_DEADLINE_S = 8.0  # after Ctrl-C, the most the clean-up may take before the process ends anyway
+LEFTOVER_GRACE_S = 2.0  # SIGTERM to SIGKILL for what Ray left at the end (Ray is shut down by then)
+STOP_DEADLINE_S = 20.0  # after a stop signal, the most the clean-up may take before the process ends anyway
 
 
-def _on_signal(stop: threading.Event, deadline: list[threading.Timer]) -> Callable[[int, Any], None]:
-    """Ctrl-C or SIGTERM, in this order: tell the ServerApp to stop polling; stop printing Ray's error reports
-    (:func:`_mute_ray_errors`); kill the ClientApps (SIGKILL at once: one in a local update may take seconds
-    to act on SIGTERM, and none holds anything the run needs: the client states live in this process), so
-    that Flower's message workers leave ``ray.get`` (an ActorDiedError, expected and not logged) before
-    Flower shuts Ray down under them (Ray then ends the whole process with exit code 1); raise
-    KeyboardInterrupt (SIGINT) or SystemExit(15) (SIGTERM, as Ray's own handler does). Should the clean-up
-    still hang, the process ends after STOP_DEADLINE_S; the watchdog stops Ray's processes then."""
+def _stop_exception(signum: int) -> KeyboardInterrupt:
+    """What a stop signal raises, as on the local backend: KeyboardInterrupt (SIGINT) or
+    :class:`~fedpcd.errors.Terminated` (the command then exits with 128 + the signal's number)."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def _on_signal(
+    stop: threading.Event, deadline: list[threading.Timer], signalled: list[int]
+) -> Callable[[int, Any], None]:
+    """A stop signal (SIGINT or ``STOP_SIGNALS``): tell the ServerApp to stop polling, kill the ClientApps
+    (:func:`_stop_client_apps`) and start the deadline (STOP_DEADLINE_S, after which the process ends anyway;
+    the watchdog stops Ray's processes then). While no Flower message worker runs and the main thread is
+    not inside Ray (whose start-up, interrupted, can leave a half-made core worker that crashes the process
+    at exit), raise :func:`_stop_exception` at once. Otherwise let Flower's loop end by itself:
+    the ServerApp returns at its next poll, the workers end once their ClientApps are gone
+    (:func:`_stop_busy_clients` kills those started later), Flower shuts Ray down, and ``run_flower`` raises
+    the exception then. Raising into Flower's loop instead would shut Ray down under a worker waiting in
+    ``ray.get``, which then never returns (the process hangs at exit) or crashes the process."""
 
     def handler(signum: int, frame: Any) -> None:
+        signalled.append(signum)
         stop.set()
-        logging.getLogger("flwr").setLevel(logging.CRITICAL)
-        _mute_ray_errors()
-        procs.stop((p for p in procs.descendants(os.getpid()) if _is_client_app(p)), timeout=0.0)
-        timer = threading.Timer(STOP_DEADLINE_S, _end_now, args=(signum,))
-        timer.daemon = True
-        timer.start()
-        deadline.append(timer)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(signum)
+        _stop_client_apps()
+        if not deadline:
+            timer = threading.Timer(STOP_DEADLINE_S, _end_now, args=(signum,))
+            timer.daemon = True
+            timer.start()
+            deadline.append(timer)
+        if not _message_workers() and not _inside_ray(frame):
+            raise _stop_exception(signum)
 
     return handler
 
 
+def _inside_ray(frame: Any) -> bool:
+    """Whether ``frame`` (the main thread's, where the signal arrived) is inside Ray's code."""
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).partition(".")[0] == "ray":
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextmanager
-def _signals_handled(stop: threading.Event, deadline: list[threading.Timer]) -> Iterator[None]:
-    """SIGINT and ``STOP_SIGNALS`` (SIGTERM, SIGHUP, SIGQUIT) through :func:`_on_signal` for the block
-    (main thread only), Ray's own SIGTERM handler (set by ray.init) kept out."""
+def _signals_handled(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """SIGINT and ``STOP_SIGNALS`` (SIGTERM, SIGHUP, SIGQUIT) through ``handler`` for the block (main thread
+    only), Ray's own SIGTERM handler (set by ray.init) kept out."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     import ray._private.utils as ray_utils
 
-    handler = _on_signal(stop, deadline)
     saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)}
     set_by_ray = ray_utils.set_sigterm_handler
     ray_utils.set_sigterm_handler = lambda _handler: None
@@ -250,7 +272,7 @@ def _signals_handled(stop: threading.Event, deadline: list[threading.Timer]) -> 
 def _end_now(signum: int) -> None:
     print(f"fedpcd: interrupted (Flower did not stop within {STOP_DEADLINE_S:.0f} s)", file=sys.stderr)
     sys.stderr.flush()
-    os._exit(130 if signum == signal.SIGINT else signum)
+    os._exit(128 + signum)
 
 
 def _sample(into: set[procs.Proc], before: set[procs.Proc], stop: threading.Event) -> None:
@@ -262,38 +284,60 @@ def _sample(into: set[procs.Proc], before: set[procs.Proc], stop: threading.Even
 BUSY_GRACE_S = 5.0  # once the ServerApp is done: the time Flower's message workers get to end on their own
 
 
-def _stop_busy_clients(
-    finished: threading.Event, stop: threading.Event, before: set[threading.Thread]
-) -> None:
-    """Once ``finished`` is set (the ServerApp is done), stop the ClientApps if Flower's message workers (the
-    threads started since ``before``) are still running after BUSY_GRACE_S: each waits in ``ray.get`` for a
-    ClientApp that has not answered (one left out of its round after the round timeout), and Flower's
-    simulation does not return before they end. Stopping the ClientApps (SIGKILL: the run is done, none holds
-    anything it needs) ends their wait (an ActorDiedError, expected and not logged). Returns at once when
-    ``stop`` is set first (the run ends otherwise)."""
-    while not finished.wait(0.5):
-        if stop.is_set():
-            return
-    end = time.monotonic() + BUSY_GRACE_S
-    while any(_is_message_worker(t) for t in set(threading.enumerate()) - before):
-        if stop.wait(0.1):
-            return
-        if time.monotonic() >= end:
-            logging.getLogger("flwr").setLevel(logging.CRITICAL)  # the workers' ActorDiedErrors are expected
-            _mute_ray_errors()  # ... and so are Ray's reports of the ClientApps it lost
-            procs.stop((p for p in procs.descendants(os.getpid()) if _is_client_app(p)), timeout=0.0)
-            return
+def _stop_busy_clients(finished: threading.Event, stop: threading.Event) -> None:
+    """Once the ServerApp is done (``finished``) or the run is stopped (``stop``), kill the ClientApps until
+    no Flower message worker runs any more: each waits in ``ray.get`` for its ClientApp, and Flower's
+    simulation does not return before they end. After a finished run the workers get BUSY_GRACE_S to end on
+    their own first (one left out of its round after the round timeout would not); after a stop signal the
+    ClientApps are killed at once, also those Ray starts after the signal. Killing a ClientApp (SIGKILL: none
+    holds anything the run needs) ends its worker's wait (an ActorDiedError, expected and not logged)."""
+    while not (finished.wait(0.2) or stop.is_set()):
+        pass
+    end = time.monotonic() + (0.0 if stop.is_set() else BUSY_GRACE_S)
+    while _message_workers() and time.monotonic() < end and not stop.wait(0.1):
+        pass
+    end = time.monotonic() + STOP_DEADLINE_S
+    while _message_workers() and time.monotonic() < end:
+        _stop_client_apps()
+        time.sleep(0.2)
 
 
-def _join_new_threads(before: set[threading.Thread], timeout: float, workers: bool = False) -> None:
-    """Wait (up to ``timeout`` s in all) for the threads started since ``before``: the ServerApp's, which
-    stops polling once ``stop`` is set, or with ``workers`` Flower's message workers, which wait for a
-    ClientApp in ``ray.get`` (a whole local update) unless the ClientApp was stopped."""
+def _stop_client_apps() -> None:
+    """Kill this process's ClientApps (SIGKILL at once: one in a local update may take seconds to act on
+    SIGTERM), with Flower's and Ray's reports of them muted: the workers' ActorDiedErrors and Ray's "worker
+    died" lines are expected then, not news (:func:`_mute_ray_errors`)."""
+    logging.getLogger("flwr").setLevel(logging.CRITICAL)
+    _mute_ray_errors()
+    procs.stop((p for p in procs.descendants(os.getpid()) if _is_client_app(p)), timeout=0.0)
+
+
+def _join_server_app(before: set[threading.Thread], timeout: float) -> None:
+    """Wait (up to ``timeout`` s in all) for the threads started since ``before`` other than Flower's message
+    workers and daemons: the ServerApp's, which stops polling once ``stop`` is set."""
     end = time.monotonic() + timeout
-    for thread in set(threading.enumerate()) - before:
-        if thread is threading.current_thread() or thread.daemon or _is_message_worker(thread) != workers:
+    workers = set(_message_workers())
+    for thread in set(threading.enumerate()) - before - workers:
+        if thread is threading.current_thread() or thread.daemon:
             continue
         thread.join(max(0.0, end - time.monotonic()))
+
+
+def _message_workers() -> list[threading.Thread]:
+    """The threads running Flower's message loop (``vce_api.worker``; each may wait in ``ray.get`` for a
+    ClientApp); none before Flower's simulation runtime starts them or after it ends."""
+    vce_api = sys.modules.get("flwr.server.superlink.fleet.vce.vce_api")
+    if vce_api is None:
+        return []
+    code = vce_api.worker.__code__
+    frames = sys._current_frames()
+    workers = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        while frame is not None and frame.f_code is not code:
+            frame = frame.f_back
+        if frame is not None:
+            workers.append(thread)
+    return workers
 
 
 def _is_client_app(proc: procs.Proc) -> bool:
@@ -304,10 +348,6 @@ def _is_client_app(proc: procs.Proc) -> bool:
         return " ".join(psutil.Process(proc[0]).cmdline()).startswith("ray::ClientAppActor")
     except psutil.Error:  # gone, or a zombie
         return False
-
-
-def _is_message_worker(thread: threading.Thread) -> bool:
-    return thread.name.startswith("ThreadPoolExecutor")  # Flower's vce_api runs messages in such a pool
 
 
 def _mute_ray_errors() -> None:
@@ -328,6 +368,12 @@ def _mute_ray_errors() -> None:
 
 
 def _shutdown_ray() -> None:
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
+    """Shut Ray down if it was started in this process, also half-way: a stop signal during ``ray.init``
+    can leave a core worker behind that Ray's own exit handler would destroy under its running threads (a
+    crash at exit)."""
+    worker = sys.modules.get("ray._private.worker")
+    if worker is None:
+        return
+    driver = worker.global_worker
+    if driver.connected or hasattr(driver, "core_worker") or worker._global_node is not None:
+        sys.modules["ray"].shutdown()
