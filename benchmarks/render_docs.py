@@ -16,9 +16,12 @@ directive:
 - ``{{ label("NAME/GLOB") }}``: the method's name as `fedpcd report` gives those runs, e.g.
   "fedsc preset=official (overrides local.lr, ...)" for a preset run whose config overrides the preset.
 - ``{{ paper("KEY") }}``: a paper's own result, from ``templates/papers.yaml`` (setting, table, the method's
-  and the baseline's values, the metric): "SETTING (TABLE): METHOD 59.60 vs FedAvg 47.26 GA, +12.3".
+  and the baseline's values, the metric): "SETTING (TABLE): METHOD 59.60 vs FedAvg 47.26 GA, +12.3";
+  ``{{ paper("KEY").value_text }}`` (``.baseline_text``) the method's (the baseline's) value alone, "59.60",
+  as a paper column's cell. An entry without a baseline is a single value: it has no margin.
 - ``{{ c.verdict(paper("KEY")) }}``: the verdict of ``fedpcd.report.verdict`` against that paper's margin
-  (points, at the precision the page quotes it); ``c.verdict(direction=1)`` for a claimed direction.
+  (points, at the precision the page quotes it; refused for a single value); ``c.verdict(direction=1)`` for a
+  claimed direction.
 - ``{{ c.says("word", "sense") }}``: a verdict or direction word, rendered only when the runs support it:
   sense "separates" / "noise" (the paired t-test does / does not separate), "above" / "below" (the sign of the
   paired mean), "beyond" / "behind" (a separation in that direction), "every seed" (one sign on every seed).
@@ -34,8 +37,9 @@ numbers but refuses ``verdict`` and ``says`` (naming the runs); a folder holding
 refuses both runs (``fedpcd.report.read.load_runs``).
 
 Outside directives a template may hold no result number and no word of the verdict vocabulary
-(``scan_template``), except in a block that ``<!-- not a result: REASON -->`` exempts (REASON in
-``EXEMPT_REASONS``), in code, and in names with digits (``MASKS``).
+(``scan_template``; a table's cells like prose, whatever their column, a paper's included), except in a block
+that ``<!-- not a result: REASON -->`` exempts (REASON in ``EXEMPT_REASONS``), in code, and in names with
+digits (``MASKS``).
 
 usage: python benchmarks/render_docs.py [--check] [--repo PATH]
 """
@@ -149,37 +153,63 @@ def run_number(run: Any, spec: dict[str, Any]) -> list[float]:
 
 @dataclass(frozen=True)
 class PaperResult:
-    """One result of a paper's table: ``method`` at ``value`` against ``baseline`` at ``baseline_value`` (%),
-    in ``setting`` (``table`` names where), on ``metric``; its difference is quoted to ``decimals``."""
+    """One result of a paper's table: ``method`` at ``value`` (%) in ``setting`` (``table`` names where), on
+    ``metric``, quoted to ``value_decimals``; with a ``baseline`` at ``baseline_value``, also their
+    difference, quoted to ``decimals``. An entry without a baseline is a single value: it has no margin."""
 
     key: str
     setting: str
     table: str
     method: str
     value: float
-    baseline: str
-    baseline_value: float
+    baseline: str | None = None
+    baseline_value: float | None = None
     metric: str = ""
     decimals: int = 1
+    value_decimals: int = 2
+
+    def __post_init__(self) -> None:
+        if (self.baseline is None) != (self.baseline_value is None):
+            raise RenderError(f"{PAPERS}: {self.key}: give both baseline and baseline_value, or neither")
 
     @property
     def margin(self) -> float:
         """The paper's difference, method minus baseline, in points at the quoted precision."""
+        if self.baseline_value is None:
+            raise RenderError(
+                f"paper({self.key!r}) is a single value ({self.method} {self.value_text}), no margin: "
+                f"a verdict needs an entry of {PAPERS} with a baseline"
+            )
         return round(self.value - self.baseline_value, self.decimals)
 
+    @property
+    def value_text(self) -> str:
+        """The method's value as the paper quotes it, e.g. "75.51" (the ``.value_text`` directive)."""
+        return f"{self.value:.{self.value_decimals}f}"
+
+    @property
+    def baseline_text(self) -> str:
+        """The baseline's value as the paper quotes it (the ``.baseline_text`` directive)."""
+        if self.baseline_value is None:
+            raise RenderError(f"paper({self.key!r}) is a single value ({self.method}): it has no baseline")
+        return f"{self.baseline_value:.{self.value_decimals}f}"
+
     def __str__(self) -> str:
-        margin = "level" if self.margin == 0 else f"{self.margin:+.{self.decimals}f}"
         metric = f" {self.metric}" if self.metric else ""
-        return (
-            f"{self.setting} ({self.table}): {self.method} {self.value:.2f} vs {self.baseline} "
-            f"{self.baseline_value:.2f}{metric}, {margin}"
-        )
+        quoted = f"{self.setting} ({self.table}): {self.method} {self.value_text}"
+        if self.baseline is None:
+            return f"{quoted}{metric}"
+        margin = "level" if self.margin == 0 else f"{self.margin:+.{self.decimals}f}"
+        return f"{quoted} vs {self.baseline} {self.baseline_text}{metric}, {margin}"
 
 
 def load_papers(repo: Path) -> dict[str, PaperResult]:
     """The entries of templates/papers.yaml by key."""
     entries = yaml.safe_load((repo / PAPERS).read_text())
-    return {key: PaperResult(key, **fields) for key, fields in entries.items()}
+    try:
+        return {key: PaperResult(key, **fields) for key, fields in entries.items()}
+    except TypeError as error:  # a field PaperResult does not have, or a missing one
+        raise RenderError(f"{PAPERS}: {error}") from None
 
 
 def paper_result(papers: dict[str, PaperResult], key: str) -> PaperResult:
@@ -258,9 +288,10 @@ class Claim(Side):
             raise RenderError(f"{self.label}: a verdict needs a paired claim and one of paper= or direction=")
         if paper is not None and not isinstance(paper, PaperResult):
             raise RenderError(f"{self.label}: verdict({paper!r}): the paper's margin comes from paper(KEY)")
+        margin = None if paper is None else paper.margin  # refused for a single value, on any runs
         if self.code is not None:
             return f"no verdict ({self.code[0]})"
-        return verdict(self.each, None if paper is None else paper.margin, direction)
+        return verdict(self.each, margin, direction)
 
     @property
     def separation(self) -> str:
@@ -519,7 +550,7 @@ def bench(repo: Path, name: str, path: str, decimals: int | None = None) -> str:
 
 EXEMPT_REASONS = {
     "setting": "a setting of the runs: data sizes, client, round, epoch and seed counts, hyperparameters",
-    "paper": "a number quoted from a paper",
+    "paper": "a number or a claim quoted from a paper",
     "count": "a count of runs or methods, a time to regenerate, a date, a commit",
     "rule": "the verdict scale's constants",
     "computed": "computed without training by the command shown beside it (partitions, the ETF's geometry)",
@@ -532,7 +563,8 @@ COMMENT = re.compile(r"<!--(.*?)-->", re.S)
 DIRECTIVE = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
 EXEMPT_LINE = re.compile(r"^<!--\s*not a result:\s*(\w+)\s*-->\s*$")
 # text that holds digits but no number: inline code, link targets, figures, scientific notation, names with
-# digits (P10C2, ResNet-18, N=10, x^0.5, CIFAR-10/100), references to a paper's equations, tables, sections
+# digits (P10C2, ResNet-18, N=10, x^0.5, CIFAR-10/100), references to a paper's equations, tables, sections,
+# a citation's year (Fan et al., NeurIPS 2023)
 MASKS = [
     re.compile(r"`[^`]*`"),
     re.compile(r"\]\([^)]*\)"),
@@ -543,6 +575,7 @@ MASKS = [
     re.compile(r"\{[\d,\s.]+\}"),
     re.compile(r"\b[A-Za-z]+\(\s*[\d.]+\s*\)"),
     re.compile(r"\bDirichlet [\d.]+"),
+    re.compile(r"\bet al\.,?(?: [A-Z][A-Za-z]*)? (?:19|20)\d\d\b"),
     re.compile(r"\b\d+[-/][A-Za-z]\w*"),
     re.compile(
         r"\b(?:Eqs?\.|Tables?|Figs?\.|Figure|[Ss]ections?|Sec\.|App\.|Alg\.|Algorithm)\s*[\d.]+(?:\s*[-,]\s*\d+)*"
@@ -575,11 +608,11 @@ def masked(text: str) -> str:
 
 def _blocks(text: str) -> list[tuple[int, list[str]]]:
     """(first line number, spans) of a template's prose outside code, figures and exempt blocks: each
-    paragraph or list item is one span, each table row's cells are spans (but a paper's columns)."""
+    paragraph or list item is one span, each table row's cells are spans (whatever their column; a header
+    row, the column names, is skipped)."""
     lines = text.splitlines()
     blocks: list[tuple[int, list[str]]] = []
     fence, exempt, fresh = False, False, True
-    header: list[str] = []
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
         if line.startswith("```"):
@@ -600,15 +633,8 @@ def _blocks(text: str) -> list[tuple[int, list[str]]]:
             if set(stripped.replace("|", "").strip()) <= set("-: "):
                 continue
             if number < len(lines) and lines[number].strip().startswith("|---"):
-                header = [COMMENT.sub("", cell).strip() for cell in cells]
                 continue  # column names
-            title_of = header + [""] * len(cells)
-            blocks.append(
-                (
-                    number,
-                    [c for t, c in zip(title_of, cells, strict=False) if not t.lower().startswith("paper")],
-                )
-            )
+            blocks.append((number, cells))
             fresh = True
             continue
         if fresh or stripped.startswith("- ") or line.startswith("#"):

@@ -122,6 +122,41 @@ def test_a_paper_result_renders_its_entry_and_margin():
         render_docs.paper_result(papers, "nope")
 
 
+def _papers(root: Path, text: str) -> None:
+    (root / "templates").mkdir(parents=True, exist_ok=True)
+    (root / render_docs.PAPERS).write_text(text)
+
+
+SINGLE = "x: {setting: S, table: Table 1, method: MOON, value: 83.0, metric: GA}\n"
+
+
+def test_a_single_value_renders_at_its_quoted_precision(tmp_path):
+    _papers(tmp_path, SINGLE + "y: {setting: S, table: T, method: A, value: 67.1, value_decimals: 1}\n")
+    (tmp_path / "templates/t.md.j2").write_text("{{ paper('x').value_text }} {{ paper('y').value_text }}\n")
+    assert render_docs.render(tmp_path, "t.md") == "83.00 67.1\n"
+    single = render_docs.load_papers(tmp_path)["x"]
+    assert str(single) == "S (Table 1): MOON 83.00 GA"
+    with pytest.raises(render_docs.RenderError, match="no baseline"):
+        _ = single.baseline_text
+    gela = render_docs.load_papers(ROOT)["fedgela-p10c2-ga"]
+    assert (gela.value_text, gela.baseline_text) == ("59.60", "47.26")
+    _papers(tmp_path, "z: {setting: S, table: T, method: M, value: 1.0, baseline: FedAvg}\n")
+    with pytest.raises(render_docs.RenderError, match="both baseline and baseline_value"):
+        render_docs.load_papers(tmp_path)
+
+
+def test_a_hand_typed_number_in_a_paper_column_is_reported(tmp_path):
+    template = tmp_path / "t.md.j2"
+    template.write_text(
+        "| method | paper (ResNet-18, 100 x 10) | GA |\n|---|---|---|\n"
+        "| FedAvg | 67.29 | {{ t.cell('fedavg', 'GA') }} |\n"
+        "| MOON | {{ paper('x').value_text }} | {{ t.cell('moon', 'GA') }} |\n"
+    )
+    assert render_docs.scan_template(template.read_text()) == [
+        "line 3: a number outside a directive: '67.29' in '67.29'"
+    ]
+
+
 @pytest.fixture
 def archive(tmp_path):
     for seed, (a, b) in enumerate([(0.70, 0.60), (0.72, 0.61), (0.69, 0.60), (0.71, 0.62), (0.73, 0.61)]):
@@ -138,6 +173,10 @@ def test_a_paired_claim_computes_the_differences_in_points(archive):
     assert c.verdict(_paper(16.0)) == "yes" and c.verdict(_paper(30.0)) == "direction only"
     with pytest.raises(render_docs.RenderError, match="comes from paper"):
         c.verdict(16.0)  # a margin typed into a template, not the paper's data
+    _papers(archive.repo, SINGLE)
+    with pytest.raises(render_docs.RenderError, match="single value") as refused:
+        c.verdict(render_docs.load_papers(archive.repo)["x"])  # no baseline, so no margin
+    assert "\n" not in str(refused.value)
     assert c.says("separates", "separates") == "separates"
     assert c.separation == "separates"
     with pytest.raises(render_docs.RenderError, match="do not support"):
