@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from fedpcd.utils import read_user_text, show_path
 
 MAX_DEPTH = 32  # nesting levels of a config (YAML file, override value, or the merged tree)
 MAX_CONFIG_BYTES = 256 * 1024  # a config or sweep file (the shipped ones are under 5 KB)
-MAX_ITEMS = 10_000  # entries of one YAML list or mapping (the pure-Python parser reads ~20k a second)
+MAX_ITEMS = 10_000  # entries of one YAML list or mapping
 _MERGE = "tag:yaml.org,2002:merge"  # the '<<' key
 _INT64 = 2**63
 
@@ -36,39 +37,58 @@ class YamlRefused(Exception):
     """YAML that the config loader refuses (aliases, deep nesting, unreadable numbers)."""
 
 
-class _ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses aliases (``*name``: a few hundred bytes of them expand to gigabytes),
-    nesting deeper than ``MAX_DEPTH`` levels, lists and mappings of more than ``MAX_ITEMS`` entries and a
-    key given twice in one mapping."""
+# libyaml's parser where PyYAML has it (about ten times the pure-Python one); the same checks either way
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            if event.anchor in self.anchors:  # an undefined alias stays a YAML error
+def _check_events(text: str) -> None:
+    """Refuse, from the parser's events (before any data is built), aliases (``*name``: a few hundred bytes of
+    them expand to gigabytes), nesting deeper than ``MAX_DEPTH`` levels, and lists and mappings of more than
+    ``MAX_ITEMS`` entries (at the entry past the bound: a huge list costs milliseconds)."""
+    try:
+        _check_parse(yaml.parse(text, Loader=_LOADER))
+    except yaml.YAMLError:  # libyaml's own limits (a nesting of 1000) come first: the pure-Python parser
+        if _LOADER is not yaml.SafeLoader:  # meets ours before, or the same YAML error
+            _check_parse(yaml.parse(text, Loader=yaml.SafeLoader))
+        raise
+
+
+def _check_parse(events: Iterator[yaml.Event]) -> None:
+    anchors: set[str] = set()
+    open_: list[list[Any]] = []  # per open collection: [its start event, nodes met in it]
+    for event in events:
+        if isinstance(event, yaml.NodeEvent):
+            if (
+                isinstance(event, yaml.AliasEvent) and event.anchor in anchors
+            ):  # an undefined one: YAML's error
                 raise YamlRefused(
                     f"uses the YAML alias *{clip(event.anchor, 40)} "
                     f"(line {event.start_mark.line + 1}); aliases are not allowed in configs: write it out"
                 )
-        if parent is not None and len(parent.value) >= MAX_ITEMS:
-            line = parent.start_mark.line + 1
-            raise YamlRefused(
-                f"has a list or mapping of more than {MAX_ITEMS} entries (line {line}); a config holds "
-                "settings, not data: put data in a file"
-            )
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
+            if event.anchor is not None:
+                anchors.add(event.anchor)
+            if open_:
+                parent = open_[-1]
+                pairs = 2 if isinstance(parent[0], yaml.MappingStartEvent) else 1
+                if parent[1] // pairs >= MAX_ITEMS:
+                    raise YamlRefused(
+                        f"has a list or mapping of more than {MAX_ITEMS} entries (line "
+                        f"{parent[0].start_mark.line + 1}); a config holds settings, not data: "
+                        "put data in a file"
+                    )
+                parent[1] += 1
+            if len(open_) + 1 > MAX_DEPTH:
                 raise YamlRefused(f"is nested more than {MAX_DEPTH} levels deep")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
+            if isinstance(event, yaml.CollectionStartEvent):
+                open_.append([event, 0])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            open_.pop()
+
+
+class _ConfigLoader(_LOADER):  # type: ignore[misc, valid-type]
+    """The safe loader, refusing a key given twice in one mapping (YAML itself keeps the last silently)."""
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        """The mapping, refusing a key given twice (YAML itself keeps the last one silently)."""
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, int] = {}
             for key_node, _ in node.value:
@@ -87,14 +107,13 @@ class _ConfigLoader(yaml.SafeLoader):
 
 
 def load_yaml(text: str) -> Any:
-    """YAML text as plain data, without aliases or deep nesting (those raise ``YamlRefused``)."""
-    loader = _ConfigLoader(text)
+    """YAML text as plain data, without aliases, deep nesting or huge collections (those raise
+    ``YamlRefused``): the parser's events are checked first (:func:`_check_events`), then the data built."""
     try:
-        return loader.get_single_data()
+        _check_events(text)
+        return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader
     except (ValueError, OverflowError) as exc:  # e.g. an integer of more than 4300 digits
         raise YamlRefused(f"holds a value that cannot be read ({clip(str(exc), 60)})") from None
-    finally:
-        loader.dispose()
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ seed-to-seed spread both share."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from typing import Any
 
@@ -124,12 +125,18 @@ def group_runs(runs: list[Run]) -> tuple[list[str], dict[tuple, list[Run]]]:
 
 def _defaults(section: str, main_key: str, main: Any) -> dict[str, Any]:
     """The resolved default parameters of a partition scheme, model or algorithm."""
+    return dict(_resolved_defaults(section, main_key, json.dumps(main)))
+
+
+@functools.cache  # a report asks for the same few components once per group
+def _resolved_defaults(section: str, main_key: str, main: str) -> tuple[tuple[str, Any], ...]:
     from fedpcd.resolve import config_from_dict
 
     try:
-        return flatten({section: config_from_dict({section: {main_key: main}}).to_dict()[section]})
+        config = config_from_dict({section: {main_key: json.loads(main)}})
     except UserError:
-        return {}
+        return ()
+    return tuple(flatten({section: config.to_dict()[section]}).items())
 
 
 def setting_columns(varying: list[str], key: tuple, algorithm: str | None = None) -> dict[str, str]:
