@@ -13,6 +13,9 @@ process group, as a terminal's Ctrl-C), SIGTERM or SIGHUP (to the command's proc
   makes it sleep 10^6 s), no signal: it is left out of that round after ``flower.round_timeout``
   (HANG_TIMEOUT_S) and the finished run must exit by itself (within LIMIT_S).
 
+A signal drawn after the command's end hits nothing: that draw is reported as missed and the fault drawn
+again (its kind's time shrunk to the measured one), so every counted fault hit its command.
+
 Then the documented recovery: ``fedpcd run --resume`` for a run folder holding a config.yaml, the same
 ``fedpcd run`` command for one stopped before it wrote one, the same ``fedpcd sweep`` command for a sweep;
 none for a hung client (the run finishes without it). Each fault is checked against an uninterrupted
@@ -144,14 +147,20 @@ def csv_rows(run: Path) -> list[dict[str, str]]:
     return [{k: v for k, v in row.items() if k != "wall_s" and v != ""} for row in rows]
 
 
-def file_size_limit(limit: int) -> Callable[[], None]:
-    """For the child: files of at most ``limit`` bytes (a write past it fails with EFBIG: a full disk)."""
+def child_setup(disk: int | None) -> Callable[[], None]:
+    """For the child: the signals a fault sends at their default disposition, whatever this process inherited
+    (run in the background of a shell, it ignores SIGINT; under nohup, SIGHUP: the command would inherit that
+    and never see the fault); with ``disk``, files of at most ``disk`` bytes (a write past it fails with
+    EFBIG: a full disk)."""
 
-    def set_limit() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    def setup() -> None:
+        for sig in (s for s in SIGNALS if s != signal.SIGKILL):  # SIGKILL has no disposition to reset
+            signal.signal(sig, signal.SIG_DFL)
+        if disk:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
 
-    return set_limit
+    return setup
 
 
 def watch(proc: subprocess.Popen[bytes], seen: set[int], until: float | None) -> None:
@@ -172,31 +181,35 @@ def start(
             stderr=fh,
             env=env,
             start_new_session=True,  # a group of its own: its Ctrl-C reaches it and its children only
-            preexec_fn=file_size_limit(disk) if disk else None,  # noqa: PLW1509 - a resource limit, no threads yet
+            preexec_fn=child_setup(disk),  # noqa: PLW1509 - signal dispositions and a resource limit
         )
 
 
 def inject(
     fault: Fault, argv: list[str], log: Path, env: dict[str, str] | None = None
-) -> tuple[int | None, set[int]]:
+) -> tuple[int | None, set[int], float | None]:
     """Run ``argv``, hit it as ``fault`` says; (its exit code, None if it was still running after LIMIT_S
-    and was killed; the pids of every process it started)."""
+    and was killed; the pids of every process it started; for a signal fault that came too late, the
+    seconds the command took: it ended before the signal, which then hit nothing)."""
     seen: set[int] = set()
+    t0 = time.monotonic()
     proc = start(argv, log, disk=fault.disk, env=env)
-    end = time.monotonic() + LIMIT_S
-    watch(proc, seen, time.monotonic() + fault.at)
-    if proc.poll() is None and fault.sig is not None:
-        if fault.sig == signal.SIGINT:
-            os.killpg(proc.pid, signal.SIGINT)
-        else:
-            proc.send_signal(fault.sig)
+    end = t0 + LIMIT_S
+    watch(proc, seen, t0 + fault.at)
+    missed = None
+    if fault.sig is not None and proc.poll() is not None:
+        missed = time.monotonic() - t0
+    elif fault.sig == signal.SIGINT:
+        os.killpg(proc.pid, signal.SIGINT)
+    elif fault.sig is not None:
+        proc.send_signal(fault.sig)
     watch(proc, seen, end)
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return None, seen
-    return proc.wait(), seen
+        return None, seen, missed
+    return proc.wait(), seen, missed
 
 
 def exit_codes(fault: Fault) -> set[int]:
@@ -316,19 +329,29 @@ def chaos(root: Path, faults: int, rng: random.Random, data: list[str], kinds: l
         paths = [os.environ.get("PYTHONPATH", ""), str(site)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     survived = lost = 0
+    attempts = iter(range(1, 10**6))
     for i, kind in enumerate(plan, 1):
         like = REFERENCE.get(kind, kind)
-        at = rng.uniform(0.1, 1.0) * seconds[like]
-        if kind == "disk":
-            fault = Fault(kind, None, at, int(math.exp(rng.uniform(*map(math.log, DISK_LIMITS)))))
-        elif kind == "hang":
-            fault = Fault(kind, None, 0.0)
-        else:
-            fault = Fault(kind, rng.choice(SIGNALS), at)
-        out = root / f"fault{i:03d}-{kind}"
-        argv = command(kind, out, data)
-        log = root / f"fault{i:03d}-{kind}.log"
-        code, pids = inject(fault, argv, log, env if kind == "hang" else None)
+        missed: float | None = 0.0
+        while missed is not None:  # a signal drawn after the command's end hit nothing: drawn again
+            at = rng.uniform(0.1, 1.0) * seconds[like]
+            if kind == "disk":
+                fault = Fault(kind, None, at, int(math.exp(rng.uniform(*map(math.log, DISK_LIMITS)))))
+            elif kind == "hang":
+                fault = Fault(kind, None, 0.0)
+            else:
+                fault = Fault(kind, rng.choice(SIGNALS), at)
+            out = root / f"fault{next(attempts):03d}-{kind}"
+            argv = command(kind, out, data)
+            log = out.with_name(f"{out.name}.log")
+            code, pids, missed = inject(fault, argv, log, env if kind == "hang" else None)
+            if missed is not None:
+                print(
+                    f"fault {i}/{faults}: {kind}, {describe(fault)}: missed (the command ended at "
+                    f"{missed:.1f} s); drawn again",
+                    flush=True,
+                )
+                seconds[like] = min(seconds[like], missed)  # the reference's time may include a cold start
         recovered = recover(kind, out, argv, log)
         problems, lost_here = check(kind, out, references[like], pids, log)
         if code is None:

@@ -269,6 +269,38 @@ def test_each_stop_signal_ends_a_run_with_one_line_its_lock_released(tmp_path, s
     assert (out / ".lock").read_text() == ""  # released (a holder that dies leaves its pid there)
 
 
+def test_a_run_started_with_sighup_ignored_outlives_it(tmp_path):
+    """``nohup fedpcd run ...``: a command started with SIGHUP ignored keeps ignoring it (a closed terminal
+    does not stop it), as Python keeps an ignored SIGINT; SIGTERM still stops it with its one line."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    argv = ["run", "--quiet", *TINY, "rounds=100000", "engine.checkpoint_every=1", f"output_dir={out}"]
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedpcd.cli", *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # noqa: PLW1509 - as nohup does
+        )
+    try:
+        while proc.poll() is None and not _lines(out / "metrics.jsonl"):
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGHUP)
+        seen = _lines(out / "metrics.jsonl")
+        while proc.poll() is None and _lines(out / "metrics.jsonl") < seen + 2:
+            time.sleep(0.1)
+        assert proc.poll() is None, (tmp_path / "err").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (tmp_path / "err").read_text().splitlines() == [
+        f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"
+    ]
+
+
 def _lines(path: Path) -> int:
     try:
         return path.read_text().count("\n")

@@ -45,7 +45,7 @@ from types import TracebackType
 from typing import Any
 
 from fedpcd.errors import STOP_SIGNALS, Terminated, UserError, choices, clip
-from fedpcd.procs_guard import POLL_S, children_ignore_ctrl_c, die_with_parent
+from fedpcd.procs_guard import POLL_S, children_ignore_ctrl_c, die_with_parent, not_ignored
 
 RunResult = tuple[str, float | None, float]  # run_one's result: folder, summary wall time, seconds
 RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep.run.run_one, handed in (it imports this module)
@@ -136,7 +136,7 @@ def _start_job(parent: int, cores: int) -> None:
     from fedpcd.engine.pool import CORES_VAR
 
     die_with_parent(parent)
-    for sig in (signal.SIGINT, *STOP_SIGNALS):
+    for sig in (signal.SIGINT, *not_ignored(STOP_SIGNALS)):  # SIGINT: ignored while it was started
         signal.signal(sig, _worker_signal)
     os.environ[CORES_VAR] = str(cores)
 

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from fedpcd.errors import STOP_SIGNALS, Terminated
@@ -54,14 +54,21 @@ def children_ignore_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def not_ignored(signals: Iterable[int]) -> list[int]:
+    """Those of ``signals`` this process does not ignore: a command started with a signal ignored keeps
+    ignoring it, as Python keeps an ignored SIGINT (``nohup fedpcd run ...`` outlives a closed terminal)."""
+    return [sig for sig in signals if signal.getsignal(sig) != signal.SIG_IGN]
+
+
 def stop_signals_raise() -> dict[int, Any]:
     """Make each of ``STOP_SIGNALS`` (SIGTERM, SIGHUP, SIGQUIT) raise :class:`Terminated` in the main thread,
-    as Ctrl-C raises KeyboardInterrupt; returns the handlers it replaced (to put back)."""
+    as Ctrl-C raises KeyboardInterrupt, but those ignored (:func:`not_ignored`); returns the handlers it
+    replaced (to put back)."""
 
     def terminate(signum: int, frame: Any) -> None:
         raise Terminated(signum)
 
-    return {sig: signal.signal(sig, terminate) for sig in STOP_SIGNALS}
+    return {sig: signal.signal(sig, terminate) for sig in not_ignored(STOP_SIGNALS)}
 
 
 def _parent_death_signal() -> bool:

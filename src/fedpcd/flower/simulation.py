@@ -39,6 +39,7 @@ from fedpcd.engine.rounds import RoundObserver
 from fedpcd.engine.run import Run
 from fedpcd.errors import STOP_SIGNALS, Terminated, UserError
 from fedpcd.flower import _env, procs, watchdog
+from fedpcd.procs_guard import not_ignored
 
 
 def client_gpus(config: Config, num_cpus: int | None = None) -> tuple[int, float]:
@@ -252,13 +253,13 @@ def _inside_ray(frame: Any) -> bool:
 @contextmanager
 def _signals_handled(handler: Callable[[int, Any], None]) -> Iterator[None]:
     """SIGINT and ``STOP_SIGNALS`` (SIGTERM, SIGHUP, SIGQUIT) through ``handler`` for the block (main thread
-    only), Ray's own SIGTERM handler (set by ray.init) kept out."""
+    only; those the process ignores stay ignored), Ray's own SIGTERM handler (set by ray.init) kept out."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     import ray._private.utils as ray_utils
 
-    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)}
+    saved = {sig: signal.signal(sig, handler) for sig in not_ignored((signal.SIGINT, *STOP_SIGNALS))}
     set_by_ray = ray_utils.set_sigterm_handler
     ray_utils.set_sigterm_handler = lambda _handler: None
     try:
