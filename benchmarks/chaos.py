@@ -22,7 +22,7 @@ none for a hung client (the run finishes without it). Each fault is checked agai
 reference run of the same config: metrics.jsonl equal (but wall times; a hung client's run: every round but
 the last, which must be there), the csv tracker's metrics.csv equal (but wall times), no process of the
 faulted command left, no temp file left, no traceback (every failure is one line), an exit code of a clean end
-(:func:`exit_codes`). Prints a line per fault
+(:func:`exit_codes`; 0 only for a run that had finished before the signal). Prints a line per fault
 and ``faults injected / survived / data lost``; exits 1 when a fault was not survived (a check failed) or
 lost data (metrics differ or could not be recovered).
 
@@ -187,29 +187,32 @@ def start(
 
 def inject(
     fault: Fault, argv: list[str], log: Path, env: dict[str, str] | None = None
-) -> tuple[int | None, set[int], float | None]:
+) -> tuple[int | None, set[int], float | None, float | None]:
     """Run ``argv``, hit it as ``fault`` says; (its exit code, None if it was still running after LIMIT_S
     and was killed; the pids of every process it started; for a signal fault that came too late, the
-    seconds the command took: it ended before the signal, which then hit nothing)."""
+    seconds the command took: it ended before the signal, which then hit nothing; the wall-clock time the
+    signal was sent, else None)."""
     seen: set[int] = set()
     t0 = time.monotonic()
     proc = start(argv, log, disk=fault.disk, env=env)
     end = t0 + LIMIT_S
     watch(proc, seen, t0 + fault.at)
-    missed = None
+    missed = sent = None
     if fault.sig is not None and proc.poll() is not None:
         missed = time.monotonic() - t0
-    elif fault.sig == signal.SIGINT:
-        os.killpg(proc.pid, signal.SIGINT)
     elif fault.sig is not None:
-        proc.send_signal(fault.sig)
+        sent = time.time()
+        if fault.sig == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(fault.sig)
     watch(proc, seen, end)
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return None, seen, missed
-    return proc.wait(), seen, missed
+        return None, seen, missed, sent
+    return proc.wait(), seen, missed, sent
 
 
 def exit_codes(fault: Fault) -> set[int]:
@@ -219,6 +222,13 @@ def exit_codes(fault: Fault) -> set[int]:
     if fault.sig is None:
         return {0} if fault.kind == "hang" else {0, 1, 2}  # a full disk: the one-line error's 2 (or 1)
     return {0, 128 + fault.sig, -fault.sig}
+
+
+def finished_after(kind: str, out: Path, sent: float) -> bool:
+    """Whether a run of the faulted command wrote its summary after the signal was sent (wall-clock): a
+    command that exits 0 after a signal must have finished before it (or, on Flower, while cleaning up)."""
+    summaries = [run / "summary.json" for run in run_folders(kind, out)]
+    return any(path.is_file() and path.stat().st_mtime > sent for path in summaries)
 
 
 def recover(kind: str, out: Path, argv: list[str], log: Path) -> int:
@@ -344,7 +354,7 @@ def chaos(root: Path, faults: int, rng: random.Random, data: list[str], kinds: l
             out = root / f"fault{next(attempts):03d}-{kind}"
             argv = command(kind, out, data)
             log = out.with_name(f"{out.name}.log")
-            code, pids, missed = inject(fault, argv, log, env if kind == "hang" else None)
+            code, pids, missed, sent = inject(fault, argv, log, env if kind == "hang" else None)
             if missed is not None:
                 print(
                     f"fault {i}/{faults}: {kind}, {describe(fault)}: missed (the command ended at "
@@ -352,12 +362,15 @@ def chaos(root: Path, faults: int, rng: random.Random, data: list[str], kinds: l
                     flush=True,
                 )
                 seconds[like] = min(seconds[like], missed)  # the reference's time may include a cold start
+        unanswered = code == 0 and sent is not None and finished_after(kind, out, sent)
         recovered = recover(kind, out, argv, log)
         problems, lost_here = check(kind, out, references[like], pids, log)
         if code is None:
             problems.insert(0, f"still running after {LIMIT_S:.0f} s: killed")
         elif code not in exit_codes(fault):
             problems.insert(0, f"exited with {code} (see {log})")
+        elif unanswered:
+            problems.insert(0, f"the signal went unanswered: the run finished after it (see {log})")
         if recovered != 0:
             problems.insert(0, f"recovery exited with {recovered} (see {log})")
             lost_here = True
