@@ -13,8 +13,9 @@ process group, as a terminal's Ctrl-C), SIGTERM or SIGHUP (to the command's proc
   makes it sleep 10^6 s), no signal: it is left out of that round after ``flower.round_timeout``
   (HANG_TIMEOUT_S) and the finished run must exit by itself (within LIMIT_S).
 
-A signal drawn after the command's end hits nothing: that draw is reported as missed and the fault drawn
-again (its kind's time shrunk to the measured one), so every counted fault hit its command.
+A fault that hits nothing (a signal drawn after the command's end, a size limit above every file it writes)
+is reported as missed and drawn again (a signal's kind's time shrunk to the measured one), so every counted
+fault hit its command.
 
 Then the documented recovery: ``fedpcd run --resume`` for a run folder holding a config.yaml, the same
 ``fedpcd run`` command for one stopped before it wrote one, the same ``fedpcd sweep`` command for a sweep;
@@ -220,7 +221,7 @@ def exit_codes(fault: Fault) -> set[int]:
     signal's number (one line, as every command answers a stop signal), minus it (SIGKILL; or killed by
     the signal before Python's handlers were in place); anything else (a crash) is not survived."""
     if fault.sig is None:
-        return {0} if fault.kind == "hang" else {0, 1, 2}  # a full disk: the one-line error's 2 (or 1)
+        return {0} if fault.kind == "hang" else {1, 2}  # a full disk: the one-line error's 2 (or 1)
     return {0, 128 + fault.sig, -fault.sig}
 
 
@@ -342,8 +343,8 @@ def chaos(root: Path, faults: int, rng: random.Random, data: list[str], kinds: l
     attempts = iter(range(1, 10**6))
     for i, kind in enumerate(plan, 1):
         like = REFERENCE.get(kind, kind)
-        missed: float | None = 0.0
-        while missed is not None:  # a signal drawn after the command's end hit nothing: drawn again
+        hit = False
+        while not hit:  # a fault that hit nothing is drawn again
             at = rng.uniform(0.1, 1.0) * seconds[like]
             if kind == "disk":
                 fault = Fault(kind, None, at, int(math.exp(rng.uniform(*map(math.log, DISK_LIMITS)))))
@@ -356,12 +357,14 @@ def chaos(root: Path, faults: int, rng: random.Random, data: list[str], kinds: l
             log = out.with_name(f"{out.name}.log")
             code, pids, missed, sent = inject(fault, argv, log, env if kind == "hang" else None)
             if missed is not None:
-                print(
-                    f"fault {i}/{faults}: {kind}, {describe(fault)}: missed (the command ended at "
-                    f"{missed:.1f} s); drawn again",
-                    flush=True,
-                )
+                why = f"the command ended at {missed:.1f} s"
                 seconds[like] = min(seconds[like], missed)  # the reference's time may include a cold start
+            elif kind == "disk" and code == 0:
+                why = "no file reached the size limit"
+            else:
+                hit = True
+                continue
+            print(f"fault {i}/{faults}: {kind}, {describe(fault)}: missed ({why}); drawn again", flush=True)
         unanswered = code == 0 and sent is not None and finished_after(kind, out, sent)
         recovered = recover(kind, out, argv, log)
         problems, lost_here = check(kind, out, references[like], pids, log)
