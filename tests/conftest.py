@@ -1,9 +1,11 @@
-"""Shared test setup: one torch thread (two spin-wait: up to 20x slower on a loaded 2-core box)."""
+"""Shared test setup: one torch thread (two spin-wait: up to 20x slower on a loaded 2-core box); the stop
+signals at their defaults."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,14 @@ torch.set_num_threads(int(os.environ.get("FEDPCD_TEST_THREADS", "1")))
 # one core per test process (the suite already spreads its files over the cores): engine.workers: auto runs
 # in-process, also in the CLI processes the tests start; the worker pool's tests ask for workers explicitly
 os.environ["FEDPCD_CORES"] = "1"
+
+# The suite may run as a background job (a script's `make test &`), which starts with SIGINT and SIGQUIT
+# ignored; a command started with a signal ignored keeps ignoring it (as `nohup` relies on), so the commands
+# the signal tests start would too. The suite's processes take the signals' defaults, as a terminal's
+# foreground command has them, and so do the commands they start.
+for _sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, signal.default_int_handler if _sig == signal.SIGINT else signal.SIG_DFL)
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 

@@ -263,6 +263,7 @@ def test_each_stop_signal_ends_a_run_with_one_line_its_lock_released(tmp_path, s
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
     assert (tmp_path / "err").read_text().splitlines() == [
         f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"
     ]
@@ -386,9 +387,12 @@ def test_no_worker_process_is_left_after_a_workers_2_run_returns_not_even_a_zomb
     from fedpcd.resolve import load_config
 
     config = load_config(None, [*TINY, "clients=4", "rounds=2", "engine.workers=2", f"output_dir={tmp_path}"])
+    before = {child.pid for child in psutil.Process().children(recursive=True)}  # other tests' (xdist)
     run_experiment(config, progress=False)
     left = {}
     for child in psutil.Process().children(recursive=True):
+        if child.pid in before:
+            continue
         try:
             left[child.pid] = (child.status(), " ".join(child.cmdline()))
         except psutil.ZombieProcess:
