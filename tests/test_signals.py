@@ -276,14 +276,8 @@ def test_a_run_started_with_sighup_ignored_outlives_it(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": SRC}
     argv = ["run", "--quiet", *TINY, "rounds=100000", "engine.checkpoint_every=1", f"output_dir={out}"]
-    with open(tmp_path / "err", "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fedpcd.cli", *argv],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env=env,
-            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # noqa: PLW1509 - as nohup does
-        )
+    ignore_hup = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731 - as nohup does
+    proc = start_cli(argv, tmp_path, env=env, preexec_fn=ignore_hup)
     try:
         while proc.poll() is None and not _lines(out / "metrics.jsonl"):
             time.sleep(0.1)
@@ -291,13 +285,14 @@ def test_a_run_started_with_sighup_ignored_outlives_it(tmp_path):
         seen = _lines(out / "metrics.jsonl")
         while proc.poll() is None and _lines(out / "metrics.jsonl") < seen + 2:
             time.sleep(0.1)
-        assert proc.poll() is None, (tmp_path / "err").read_text()
+        assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert (tmp_path / "err").read_text().splitlines() == [
+            proc.wait()
+    assert (tmp_path / "stderr.txt").read_text().splitlines() == [
         f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"
     ]
 
