@@ -358,8 +358,8 @@ def test_sweep_returns_its_index_with_the_overrides_applied(grid):
 @pytest.mark.parametrize(
     ("options", "needle"),
     [
-        ({"jobs": 0}, "jobs must be a whole number >= 1, got 0"),
-        ({"jobs": True}, "jobs must be a whole number >= 1, got True"),
+        ({"jobs": 0}, "jobs must be a whole number >= 1 or 'auto', got 0"),
+        ({"jobs": True}, "jobs must be a whole number >= 1 or 'auto', got True"),
         ({"overrides": ["rounds=1"]}, "overrides must be a mapping of config keys to values, got list"),
         ({"overrides": {1: 2}}, "override keys are dotted config keys (text), got 1"),
         ({"overrides": {"rounds": object()}}, "override 'rounds': object is not a config value"),

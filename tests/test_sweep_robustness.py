@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import SRC, TINY, cli_run, install_plugin, one_error_line
+from conftest import SRC, TINY, cli_run, install_plugin, one_error_line, run_records
 from fedpcd.cli import main
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
@@ -348,3 +348,42 @@ def test_a_plugin_that_kills_every_worker_fails_its_runs_with_a_one_line_summary
     )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fedpcd: error: ")]
     assert len(errors) == 1 and errors[0].startswith("fedpcd: error: sweep: 2 of 2 runs failed, 0 finished")
+
+
+def _configs(tmp_path: Path, runs: int, **extra: object) -> list:
+    items = [f"{k}={v}" for k, v in extra.items()]
+    return expand_sweep(_sweep_file(tmp_path, tmp_path / "grid", seeds=runs), items)
+
+
+def test_jobs_auto_fills_the_cores_with_runs_each_taking_its_workers(tmp_path, monkeypatch):
+    """`--jobs auto`: as many runs at once as the usable cores hold at each run's engine.workers (auto: 1),
+    at most the runs to do; one for Flower runs (Ray takes the machine)."""
+    from fedpcd.launchers import auto_jobs
+
+    monkeypatch.setenv("FEDPCD_CORES", "8")
+    cores = min(8, len(os.sched_getaffinity(0)))
+    assert auto_jobs(_configs(tmp_path, 12)) == (cores, f"{cores} usable cores")
+    assert auto_jobs(_configs(tmp_path, 3))[0] == min(3, cores)
+    assert auto_jobs(_configs(tmp_path, 12, **{"engine.workers": 2}))[0] == max(1, cores // 2)
+    flower = (1, "Flower runs: each takes the machine's cores")
+    assert auto_jobs(_configs(tmp_path, 12, backend="flower")) == flower
+    assert auto_jobs([]) == (1, "no runs to do")
+    monkeypatch.setenv("FEDPCD_CORES", "1")
+    assert auto_jobs(_configs(tmp_path, 12)) == (1, "1 usable core")
+
+
+@pytest.mark.procs
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable cores")
+def test_a_sweep_without_jobs_runs_side_by_side_as_one_process_would(tmp_path, capsys, monkeypatch):
+    """`fedpcd sweep` without --jobs on 2 cores: its 3 runs go 2 at a time in worker processes, and give
+    bitwise the metrics of the same grid run one after another in this process (--jobs 1)."""
+    monkeypatch.setenv("FEDPCD_CORES", "2")
+    auto, one = tmp_path / "auto", tmp_path / "one"
+    for out, jobs in ((auto, []), (one, ["--jobs", "1"])):
+        path = _sweep_file(tmp_path, out, seeds=3, rounds=2)
+        assert main(["sweep", "--config", str(path), *jobs]) == 0
+        text = capsys.readouterr().out
+        line = "sweep: runs in 2 worker processes on this machine (--jobs auto: 2 usable cores)"
+        assert (line in text) == (out == auto), text
+    for seed in range(3):
+        assert run_records(auto / f"seed{seed}") == run_records(one / f"seed{seed}")

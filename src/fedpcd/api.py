@@ -23,7 +23,7 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import yaml
@@ -210,7 +210,10 @@ def _override_items(overrides: Mapping[str, Any] | None) -> list[str]:
 
 
 def sweep(
-    config_path: str | os.PathLike[str], *, jobs: int = 1, overrides: Mapping[str, Any] | None = None
+    config_path: str | os.PathLike[str],
+    *,
+    jobs: int | Literal["auto"] = 1,
+    overrides: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """Run a sweep file's grid, as ``fedpcd sweep`` does, and return its index.
 
@@ -219,7 +222,9 @@ def sweep(
     Args:
         config_path: A sweep file: a config with a top-level ``sweep:`` mapping of keys to lists of values
             (or a shipped one's name, e.g. ``headline/fednh-fmnist``).
-        jobs: Runs in parallel (processes).
+        jobs: Runs in parallel (processes; 1: one after another in this process, which also runs
+            algorithms and models registered only here); ``"auto"``: as ``fedpcd sweep`` by default, as many
+            as the machine's cores hold.
         overrides: Config keys (dotted, or with ``__``) and values applied to every run, e.g.
             ``{"rounds": 2, "local.lr": 0.05}``.
 
@@ -233,8 +238,8 @@ def sweep(
     from fedpcd.sweep.index import index_path
     from fedpcd.sweep.run import run_sweep
 
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise UserError(f"jobs must be a whole number >= 1, got {short(jobs)}")
+    if jobs != "auto" and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise UserError(f"jobs must be a whole number >= 1 or 'auto', got {short(jobs)}")
     items = _override_items(overrides)
     path = config_file(os.fspath(config_path))
     run_sweep(path, items, jobs=jobs)

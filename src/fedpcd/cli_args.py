@@ -15,6 +15,15 @@ PROGRESS_BARS = ("run", "demo")  # the commands whose -q also hides the progress
 Subparsers = argparse._SubParsersAction  # what ArgumentParser.add_subparsers returns
 
 
+def _jobs(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or auto, got {text[:40]!r}") from None
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -86,10 +95,11 @@ def _sweep_command(sub: Subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--jobs",
-        type=_positive_int,
-        metavar="N",
-        help="runs at once: worker processes with --launcher local (default 1: in this process); Ray: "
-        "default one per CPU of the cluster; Slurm: jobs queued or running (default all)",
+        type=_jobs,
+        metavar="N|auto",
+        help="runs at once: with --launcher local, worker processes (default auto: as many runs as the "
+        "cores hold, each with its engine.workers; 1: one after another in this process); Ray: default one "
+        "per CPU of the cluster; Slurm: jobs queued or running (default all)",
     )
     parser.add_argument(
         "--launcher",

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedpcd.config import Config
 from fedpcd.errors import RunInUseError, UserError, clip
@@ -89,7 +89,7 @@ def check_archive_clean(root: Path, allow_dirty: bool) -> None:
 def run_sweep(
     path: str | Path,
     overrides: list[str] | None = None,
-    jobs: int | None = None,
+    jobs: int | Literal["auto"] | None = None,
     launcher: str = "local",
     address: str | None = None,
     slurm: list[str] | None = None,
@@ -98,8 +98,9 @@ def run_sweep(
     """Run every unfinished run of the grid; returns the grid's configs.
 
     ``launcher`` says where (``fedpcd.launchers``): ``local`` runs them in this process, or in ``jobs``
-    worker processes; ``ray`` as Ray tasks on the cluster at ``address`` (default: one started here);
-    ``slurm`` as Slurm jobs (``slurm``: its ``KEY=VALUE`` options); ``jobs`` caps the runs at once.
+    worker processes (None or ``auto``: as many as the machine holds, ``launchers.auto_jobs``); ``ray`` as
+    Ray tasks on the cluster at ``address`` (default: one started here); ``slurm`` as Slurm jobs (``slurm``:
+    its ``KEY=VALUE`` options); ``jobs`` caps the runs at once (None or ``auto``: no cap).
     A failing run is reported on stderr and left as it is; the others go on; a run that cannot run now (held
     by another fedpcd process, 'stuck' or 'broken', see ``run_status``) is skipped with a line saying why.
     Returns when every run of the grid is finished at the end (whoever finished it); otherwise raises one
@@ -108,14 +109,18 @@ def run_sweep(
     stops the sweep at once. A sweep into the archive (``ARCHIVE``) refuses a checkout with uncommitted
     changes to ``src/fedpcd`` unless ``allow_dirty`` (then its runs record it: ``code_version``).
     """
-    from fedpcd.launchers import make_launcher
+    from fedpcd.launchers import LocalLauncher, auto_jobs, make_launcher
 
     configs = expand_sweep(path, overrides)
     check_archive_clean(Path(configs[0].output_dir).parent, allow_dirty)
     index = index_path(path, overrides)
     check_sweep_links(index, configs)
-    runner = make_launcher(launcher, jobs, address, slurm, index.parent)
+    given = None if jobs == "auto" else jobs
+    runner = make_launcher(launcher, given, address, slurm, index.parent)
     todo, skipped = _plan(configs)
+    if launcher == "local" and given is None:
+        at_once, why = auto_jobs([cfg for cfg, _ in todo])
+        runner = LocalLauncher(at_once, why) if at_once > 1 else None
     write_index(index, configs)
     done = len(configs) - len(todo) - len(skipped)
     outcomes = _Outcomes(index, configs, skipped, Progress(len(configs), done, len(todo), 1))
