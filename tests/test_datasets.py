@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import requests
 import torch
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -496,3 +497,37 @@ def test_dataset_rejects_wrong_dtypes():
         dataclasses.replace(ds, train_x=ds.train_x.float())
     with pytest.raises(ValueError, match="int64"):
         dataclasses.replace(ds, test_y=ds.test_y.int())
+
+
+def test_kept_datasets_are_read_once_per_process_and_equal_a_fresh_load(monkeypatch, tmp_path, capsys):
+    """keep_datasets(True): a second load of the same dataset (any train_fraction and seed) does not read its
+    files again and gives the tensors of a fresh load; another root loads again; a sweep's runs in this
+    process load their dataset once, and the sweep leaves nothing kept."""
+    datasets = dsmod
+    calls = []
+    synthetic = datasets.DATASETS.get("synthetic")
+
+    def counted(root, download):
+        calls.append(root)
+        return synthetic(root, download)
+
+    monkeypatch.setitem(datasets.DATASETS._items, "synthetic", counted)
+    fresh = datasets.load_dataset("synthetic", None, 0.5, seed=3)
+    datasets.keep_datasets(True)
+    try:
+        first = datasets.load_dataset("synthetic", None, 1.0)
+        again = datasets.load_dataset("synthetic", None, 0.5, seed=3)
+        assert len(calls) == 2 and datasets.load_dataset("synthetic", None, 1.0) is first
+        assert torch.equal(again.train_x, fresh.train_x) and torch.equal(again.test_y, fresh.test_y)
+        datasets.load_dataset("synthetic", tmp_path, 1.0)
+        assert calls[-1] == tmp_path and len(calls) == 3
+    finally:
+        datasets.keep_datasets(False)
+    datasets.load_dataset("synthetic", None, 1.0)
+    assert len(calls) == 4
+    spec = {"dataset": {"name": "synthetic"}, "model": {"name": "mlp", "hidden": 8}, "clients": 2,
+            "rounds": 1, "output_dir": str(tmp_path / "grid"), "sweep": {"seed": [0, 1, 2]}}  # fmt: skip
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["sweep", "--config", str(tmp_path / "sweep.yaml"), "--jobs", "1"]) == 0
+    capsys.readouterr()
+    assert len(calls) == 5 and datasets._kept is None

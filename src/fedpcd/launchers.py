@@ -165,9 +165,12 @@ def auto_jobs(configs: list[Config]) -> tuple[int, str]:
 
 
 def _start_job(parent: int, cores: int) -> None:
-    """A sweep worker: dies with the sweep, and its runs' ``engine.workers: auto`` use ``cores`` cores."""
+    """A sweep worker: dies with the sweep, its runs' ``engine.workers: auto`` use ``cores`` cores, and it
+    keeps the dataset it loaded last for its next run."""
+    from fedpcd.data.datasets import keep_datasets
     from fedpcd.engine.pool import CORES_VAR
 
+    keep_datasets(True)
     die_with_parent(parent)
     for sig in (signal.SIGINT, *not_ignored(STOP_SIGNALS)):  # SIGINT: ignored while it was started
         signal.signal(sig, _worker_signal)

@@ -92,6 +92,17 @@ class DatasetRegistry(Registry[Loader]):
 DATASETS = DatasetRegistry("dataset")
 
 
+_kept: dict[tuple, Dataset] | None = None  # keep_datasets(True): the dataset loaded last, by its load's key
+
+
+def keep_datasets(keep: bool) -> None:
+    """``True``: :func:`load_dataset` keeps the dataset it loaded last, and a load with the same name, root,
+    download flag and columns gets it without reading its files again (the runs of a sweep, which load one
+    dataset run after run; its tensors are never changed in place); ``False``: it keeps none."""
+    global _kept
+    _kept = {} if keep else None
+
+
 def load_configured(config: Config) -> Dataset:
     """The dataset of a run's config: its ``dataset`` section, drawn with its ``seed``."""
     section = config.dataset
@@ -134,7 +145,14 @@ def load_dataset(
         raise UserError(
             f"dataset.{next(iter(columns))} applies to {HF_PREFIX}<hub name> datasets only, not {name!r}"
         )
-    ds = loader(Path(root).expanduser() if root is not None else None, download, **columns)  # type: ignore[call-arg]
+    where = Path(root).expanduser() if root is not None else None
+    key = (name, where, download, tuple(columns.items()))
+    ds = _kept.get(key) if _kept is not None else None
+    if ds is None:
+        ds = loader(where, download, **columns)  # type: ignore[call-arg]
+        if _kept is not None:
+            _kept.clear()
+            _kept[key] = ds
     if train_fraction < 1.0:
         keep = torch.from_numpy(stratified_subset(ds.train_y.numpy(), train_fraction, seed))
         groups = None if ds.train_groups is None else ds.train_groups[keep]

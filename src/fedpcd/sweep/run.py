@@ -183,12 +183,18 @@ class _Outcomes:
 def _execute(todo: list[tuple[Config, bool]], runner: Launcher | None, outcomes: _Outcomes) -> None:
     """Run ``todo``: one after another in this process without a launcher, else through ``runner``; the
     progress line printed every ``PROGRESS_EVERY`` seconds meanwhile."""
+    from fedpcd.data.datasets import keep_datasets
+
     progress = outcomes.progress
     if runner is None or not todo:
-        with heartbeat(progress, PROGRESS_EVERY):
-            for cfg, resume in todo:
-                progress.start(cfg)
-                outcomes.record(cfg.output_dir, lambda c=cfg, r=resume: run_one(c.to_dict(), r))
+        keep_datasets(True)  # the runs load their dataset once
+        try:
+            with heartbeat(progress, PROGRESS_EVERY):
+                for cfg, resume in todo:
+                    progress.start(cfg)
+                    outcomes.record(cfg.output_dir, lambda c=cfg, r=resume: run_one(c.to_dict(), r))
+        finally:
+            keep_datasets(False)
         return
     with runner:
         progress.jobs = runner.parallel
