@@ -127,3 +127,16 @@ def test_message_workers_are_the_threads_in_flowers_message_loop():
         loop.join()
         other.join()
     assert _message_workers() == []
+
+
+def test_a_stop_signal_while_flower_is_imported_finds_no_message_worker(monkeypatch):
+    """A signal that arrives while Flower's message-loop module is half imported (found by the chaos
+    benchmark: SIGHUP during ``import flwr.simulation``) finds no message worker instead of failing on the
+    module's missing ``worker``, so the stop raises at once, as before Flower's start."""
+    import types
+
+    from fedpcd.flower.simulation import _message_workers
+
+    half = types.ModuleType("flwr.server.superlink.fleet.vce.vce_api")  # its body not run yet
+    monkeypatch.setitem(sys.modules, half.__name__, half)
+    assert _message_workers() == []

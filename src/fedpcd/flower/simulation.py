@@ -325,11 +325,12 @@ def _join_server_app(before: set[threading.Thread], timeout: float) -> None:
 
 def _message_workers() -> list[threading.Thread]:
     """The threads running Flower's message loop (``vce_api.worker``; each may wait in ``ray.get`` for a
-    ClientApp); none before Flower's simulation runtime starts them or after it ends."""
-    vce_api = sys.modules.get("flwr.server.superlink.fleet.vce.vce_api")
-    if vce_api is None:
+    ClientApp); none before Flower's simulation runtime starts them (also while its module is still being
+    imported: a signal can arrive then) or after it ends."""
+    worker = getattr(sys.modules.get("flwr.server.superlink.fleet.vce.vce_api"), "worker", None)
+    if worker is None:
         return []
-    code = vce_api.worker.__code__
+    code = worker.__code__
     frames = sys._current_frames()
     workers = []
     for thread in threading.enumerate():
