@@ -153,3 +153,16 @@ def test_design_md_draws_these_layers():
     text = (SRC.parent / "docs" / "design.md").read_text()
     block = f"```\n{layer_drawing()}\n```"
     assert block in text, f"docs/design.md's layer drawing is out of date; it is now:\n{block}"
+
+
+MAX_LINES = 500  # a module doing one job fits in this many lines
+
+
+def test_no_src_module_is_over_500_lines():
+    """Each module of src/fedpcd does one job: none is over MAX_LINES lines."""
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in sorted((SRC / "fedpcd").rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"split these modules: {long}"

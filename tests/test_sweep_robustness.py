@@ -358,7 +358,7 @@ def _configs(tmp_path: Path, runs: int, **extra: object) -> list:
 def test_jobs_auto_fills_the_cores_with_runs_each_taking_its_workers(tmp_path, monkeypatch):
     """`--jobs auto`: as many runs at once as the usable cores hold at each run's engine.workers (auto: 1),
     at most the runs to do; one for Flower runs (Ray takes the machine)."""
-    from fedpcd.launchers import auto_jobs
+    from fedpcd.sweep.run import auto_jobs
 
     monkeypatch.setenv("FEDPCD_CORES", "8")
     cores = min(8, len(os.sched_getaffinity(0)))

@@ -7,7 +7,7 @@ runs, resuming stopped ones, the index, the progress line and the one line per f
 
 - ``local`` (``--jobs N``, N > 1): N spawned worker processes on this machine that die with the sweep
   (``procs_guard``), each run's ``engine.workers: auto`` taking its share of the cores (``FEDPCD_CORES``);
-  ``--jobs auto`` (the default) takes N from the runs to do and the machine (:func:`auto_jobs`).
+  ``--jobs auto`` (the default) takes N from the runs to do and the machine (``sweep.run.auto_jobs``).
 - ``ray``: one Ray task per run on an existing cluster (``--address``, else ``RAY_ADDRESS``) or on one started
   on this machine for the sweep (loopback only, no dashboard) and stopped at its end. ``--jobs N``: N runs at
   once (at most as many as the cluster's CPUs hold), each reserving the cluster's CPUs // N (at most one
@@ -45,7 +45,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fedpcd.config import Config
 from fedpcd.errors import STOP_SIGNALS, Terminated, UserError, choices, clip
 from fedpcd.procs_guard import POLL_S, children_ignore_ctrl_c, die_with_parent, not_ignored
 
@@ -64,7 +63,6 @@ SLURM_KEYS: dict[str, tuple[str, type]] = {
 SLURM_CLUSTERS = ("slurm", "local")  # --slurm cluster=: Slurm, or submitit's processes on this machine
 SLURM_TIME_MIN = 60  # a job's time limit unless --slurm time=MINUTES (submitit's own default is 5)
 SUBMITIT_FOLDER = "submitit"  # in the sweep's output_dir: the jobs' pickles and logs
-JOB_BYTES = 1 << 30  # a sweep worker's memory: torch's runtime, its run's dataset (CIFAR's train set ~0.6 GB)
 
 
 class Launcher:
@@ -132,36 +130,6 @@ def _require(module: str, launcher: str) -> None:
 
 
 # ----- local: a process pool on this machine -------------------------------------------------------------
-
-
-def auto_jobs(configs: list[Config]) -> tuple[int, str]:
-    """``--jobs auto`` with the local launcher: (runs at once, why). Runs side by side keep every core busy
-    where one run's worker pool would not (a short run keeps one process; a pool's processes wait for the
-    round's slowest client and for the evaluation), so: as many as the usable cores hold, each run taking its
-    ``engine.workers`` cores (``auto``: one, and the cores left to it), capped by the runs and the free memory
-    (``JOB_BYTES`` a worker). One (this process, one run after another) for Flower runs, whose Ray takes the
-    whole machine, and for runs on a GPU."""
-    import psutil
-    import torch
-
-    from fedpcd.engine.pool import usable_cores
-
-    if not configs:
-        return 1, "no runs to do"
-    if any(c.backend != "local" for c in configs):
-        return 1, "Flower runs: each takes the machine's cores"
-    if torch.cuda.is_available() and any(c.engine.device != "cpu" for c in configs):
-        return 1, "runs on a GPU"
-    cores = usable_cores()
-    per_run = max(1 if c.engine.workers == "auto" else int(c.engine.workers) for c in configs)
-    memory = int(psutil.virtual_memory().available // JOB_BYTES)
-    limits = {
-        cores // per_run: f"{cores} usable core{'s' * (cores > 1)}",
-        len(configs): f"{len(configs)} run{'s' * (len(configs) > 1)} to do",
-        memory: "memory",
-    }
-    jobs = max(1, min(limits))
-    return jobs, limits.get(jobs, "memory")
 
 
 def _start_job(parent: int, cores: int) -> None:

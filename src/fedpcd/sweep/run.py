@@ -86,6 +86,39 @@ def check_archive_clean(root: Path, allow_dirty: bool) -> None:
     os.environ[ALLOW_DIRTY] = "1"  # read by code_version here and in the workers this process starts
 
 
+JOB_BYTES = 1 << 30  # a sweep worker's memory: torch's runtime, its run's dataset (CIFAR's train set ~0.6 GB)
+
+
+def auto_jobs(configs: list[Config]) -> tuple[int, str]:
+    """``--jobs auto`` with the local launcher: (runs at once, why). Runs side by side keep every core busy
+    where one run's worker pool would not (a short run keeps one process; a pool's processes wait for the
+    round's slowest client and for the evaluation), so: as many as the usable cores hold, each run taking its
+    ``engine.workers`` cores (``auto``: one, and the cores left to it), capped by the runs and the free memory
+    (``JOB_BYTES`` a worker). One (this process, one run after another) for Flower runs, whose Ray takes the
+    whole machine, and for runs on a GPU."""
+    import psutil
+    import torch
+
+    from fedpcd.engine.pool import usable_cores
+
+    if not configs:
+        return 1, "no runs to do"
+    if any(c.backend != "local" for c in configs):
+        return 1, "Flower runs: each takes the machine's cores"
+    if torch.cuda.is_available() and any(c.engine.device != "cpu" for c in configs):
+        return 1, "runs on a GPU"
+    cores = usable_cores()
+    per_run = max(1 if c.engine.workers == "auto" else int(c.engine.workers) for c in configs)
+    memory = int(psutil.virtual_memory().available // JOB_BYTES)
+    limits = {
+        cores // per_run: f"{cores} usable core{'s' * (cores > 1)}",
+        len(configs): f"{len(configs)} run{'s' * (len(configs) > 1)} to do",
+        memory: "memory",
+    }
+    jobs = max(1, min(limits))
+    return jobs, limits.get(jobs, "memory")
+
+
 def run_sweep(
     path: str | Path,
     overrides: list[str] | None = None,
@@ -98,7 +131,7 @@ def run_sweep(
     """Run every unfinished run of the grid; returns the grid's configs.
 
     ``launcher`` says where (``fedpcd.launchers``): ``local`` runs them in this process, or in ``jobs``
-    worker processes (None or ``auto``: as many as the machine holds, ``launchers.auto_jobs``); ``ray`` as
+    worker processes (None or ``auto``: as many as the machine holds, :func:`auto_jobs`); ``ray`` as
     Ray tasks on the cluster at ``address`` (default: one started here); ``slurm`` as Slurm jobs (``slurm``:
     its ``KEY=VALUE`` options); ``jobs`` caps the runs at once (None or ``auto``: no cap).
     A failing run is reported on stderr and left as it is; the others go on; a run that cannot run now (held
@@ -109,7 +142,7 @@ def run_sweep(
     stops the sweep at once. A sweep into the archive (``ARCHIVE``) refuses a checkout with uncommitted
     changes to ``src/fedpcd`` unless ``allow_dirty`` (then its runs record it: ``code_version``).
     """
-    from fedpcd.launchers import LocalLauncher, auto_jobs, make_launcher
+    from fedpcd.launchers import LocalLauncher, make_launcher
 
     configs = expand_sweep(path, overrides)
     check_archive_clean(Path(configs[0].output_dir).parent, allow_dirty)
