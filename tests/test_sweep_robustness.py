@@ -372,7 +372,6 @@ def test_jobs_auto_fills_the_cores_with_runs_each_taking_its_workers(tmp_path, m
     assert auto_jobs(_configs(tmp_path, 12)) == (1, "1 usable core")
 
 
-@pytest.mark.procs
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable cores")
 def test_a_sweep_without_jobs_runs_side_by_side_as_one_process_would(tmp_path, capsys, monkeypatch):
     """`fedpcd sweep` without --jobs on 2 cores: its 3 runs go 2 at a time in worker processes, and give
