@@ -119,7 +119,7 @@ def test_flower_simulation_equals_local_backend(flower_tmp_env, algorithm):
     args = [
         f"algorithm.name={algorithm}",
         "dataset.name=fmnist",
-        "dataset.train_fraction=0.25",
+        "dataset.train_fraction=0.1",
         "clients=4",
         "rounds=2",
         "seed=0",
