@@ -357,19 +357,39 @@ def _without_wall(run: Path) -> list[dict[str, object]]:
 
 def test_a_pool_worker_starts_with_ctrl_c_ignored_and_this_process_keeps_its_handler():
     """Found by benchmarks/chaos.py: a terminal's Ctrl-C while a pool worker still imported torch printed its
-    KeyboardInterrupt traceback. Workers started inside ``children_ignore_ctrl_c`` start with SIGINT ignored
+    KeyboardInterrupt traceback. Workers started inside ``starting_children`` start with SIGINT ignored
     (their initializer then says what Ctrl-C does there)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from fedpcd.procs_guard import children_ignore_ctrl_c
+    from fedpcd.procs_guard import starting_children
 
     before = signal.getsignal(signal.SIGINT)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        with children_ignore_ctrl_c():
+        with starting_children():
             future = pool.submit(signal.getsignal, signal.SIGINT)
         assert signal.getsignal(signal.SIGINT) is before
         assert future.result(timeout=60) == signal.SIG_IGN
+
+
+def test_a_stop_signal_while_a_worker_starts_waits_for_the_start_then_stops(tmp_path):
+    """Found by benchmarks/chaos.py: SIGHUP while a pool started a worker cut the worker's start-up data
+    short, and the worker died with an UnpicklingError traceback on the terminal. Inside
+    ``starting_children`` a stop signal is held; it raises (Terminated) as the block ends."""
+    from fedpcd.errors import Terminated
+    from fedpcd.procs_guard import starting_children, stop_signals_raise
+
+    previous = stop_signals_raise()
+    finished = []
+    try:
+        with pytest.raises(Terminated) as stopped, starting_children():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.2)  # a Python handler would have run by now
+            finished.append(True)
+        assert stopped.value.signum == signal.SIGHUP and finished == [True]
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # ----- also seen: a pool worker left a zombie after it ended -----------------------------------------------

@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import Any
 
 from fedpcd.errors import STOP_SIGNALS, Terminated, UserError, choices, clip
-from fedpcd.procs_guard import POLL_S, children_ignore_ctrl_c, die_with_parent, not_ignored
+from fedpcd.procs_guard import POLL_S, die_with_parent, not_ignored, starting_children
 
 RunResult = tuple[str, float | None, float]  # run_one's result: folder, summary wall time, seconds
 RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep.run.run_one, handed in (it imports this module)
@@ -201,7 +201,7 @@ class LocalLauncher(Launcher):
 
     def submit(self, run: RunOne, config_data: dict[str, Any], resume: bool) -> Future[RunResult]:
         assert self._pool is not None
-        with children_ignore_ctrl_c():  # a worker it starts: no traceback on Ctrl-C at start-up
+        with starting_children():  # a worker it starts: no traceback on a signal at start-up
             try:
                 return self._pool.submit(_run_in_worker, run, config_data, resume)
             except BrokenProcessPool:  # a worker died: its pool takes no more runs

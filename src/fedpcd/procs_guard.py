@@ -38,20 +38,29 @@ POLL_S = 1.0  # the watchdog's polling interval where there is no parent-death s
 
 
 @contextlib.contextmanager
-def children_ignore_ctrl_c() -> Iterator[None]:
-    """Ctrl-C ignored while the block starts processes (a pool's ``submit``): a spawned child starts with
-    SIGINT ignored (Python keeps an ignored SIGINT it inherits), so a terminal's Ctrl-C while it imports torch
-    prints no KeyboardInterrupt traceback from it; its initializer says what Ctrl-C does there afterwards. A
-    Ctrl-C reaching this process inside the block (a fork and exec, milliseconds) is ignored. Main thread
-    only (elsewhere: no change)."""
+def starting_children() -> Iterator[None]:
+    """The block starts processes (a pool's ``submit``): Ctrl-C is ignored and the stop signals wait for its
+    end. A spawned child starts with SIGINT ignored (Python keeps an ignored SIGINT it inherits), so a
+    terminal's Ctrl-C while it imports torch prints no KeyboardInterrupt traceback from it; its initializer
+    says what Ctrl-C does there afterwards. A Ctrl-C reaching this process inside the block (a fork and exec,
+    milliseconds) is ignored. SIGTERM, SIGHUP and SIGQUIT (those not ignored) are held until the block ends
+    and then handled as usual: raised inside it, they would cut the child's start-up data short, and the
+    child would die with an UnpicklingError traceback on the terminal. Main thread only (elsewhere: no
+    change)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    held: list[int] = []
+    stops = [sig for sig in not_ignored(STOP_SIGNALS) if signal.getsignal(sig) is not None]  # None: set in C
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in stops}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)
 
 
 def not_ignored(signals: Iterable[int]) -> list[int]:

@@ -46,7 +46,7 @@ from fedpcd.engine.federation import Federation, set_threads
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.logs import LOGGER
 from fedpcd.models import MODELS
-from fedpcd.procs_guard import children_ignore_ctrl_c, die_with_parent
+from fedpcd.procs_guard import die_with_parent, starting_children
 
 __all__ = ["WorkerDied", "WorkerPool"]
 
@@ -197,7 +197,7 @@ class WorkerPool:
             while pending and not broken and not busy and len(running) < self.workers - (len(pending) <= 1):
                 group = pending.popleft()
                 try:
-                    with children_ignore_ctrl_c():  # a worker it starts: no traceback on Ctrl-C at start-up
+                    with starting_children():  # a worker it starts: no traceback on a signal at start-up
                         running[pool.submit(_work, pickled, pickle.dumps([tasks[i] for i in group]))] = group
                 except BrokenProcessPool:
                     broken = True
