@@ -92,15 +92,16 @@ class DatasetRegistry(Registry[Loader]):
 DATASETS = DatasetRegistry("dataset")
 
 
-_kept: dict[tuple, Dataset] | None = None  # keep_datasets(True): the dataset loaded last, by its load's key
+_keeping = False  # keep_datasets(True): load_dataset keeps _kept
+_kept: tuple[tuple, Dataset] | None = None  # the dataset loaded last, with its load's key
 
 
 def keep_datasets(keep: bool) -> None:
     """``True``: :func:`load_dataset` keeps the dataset it loaded last, and a load with the same name, root,
     download flag and columns gets it without reading its files again (the runs of a sweep, which load one
     dataset run after run; its tensors are never changed in place); ``False``: it keeps none."""
-    global _kept
-    _kept = {} if keep else None
+    global _keeping, _kept
+    _keeping, _kept = keep, None
 
 
 def load_configured(config: Config) -> Dataset:
@@ -145,14 +146,15 @@ def load_dataset(
         raise UserError(
             f"dataset.{next(iter(columns))} applies to {HF_PREFIX}<hub name> datasets only, not {name!r}"
         )
+    global _kept
     where = Path(root).expanduser() if root is not None else None
     key = (name, where, download, tuple(columns.items()))
-    ds = _kept.get(key) if _kept is not None else None
-    if ds is None:
+    if _kept is not None and _kept[0] == key:
+        ds = _kept[1]
+    else:
         ds = loader(where, download, **columns)  # type: ignore[call-arg]
-        if _kept is not None:
-            _kept.clear()
-            _kept[key] = ds
+        if _keeping:
+            _kept = (key, ds)
     if train_fraction < 1.0:
         keep = torch.from_numpy(stratified_subset(ds.train_y.numpy(), train_fraction, seed))
         groups = None if ds.train_groups is None else ds.train_groups[keep]
