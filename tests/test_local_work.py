@@ -108,8 +108,7 @@ def test_a_round_leaves_the_algorithm_object_unchanged(name: str, variant: list[
         assert all(r.error is None for r in results), [r.error for r in results]
         assert not _changed(before, _snapshot(algorithm)), f"a client update changed {name}'s attributes"
         server = algorithm.aggregate(server, [r.update for r in results])
-        global_evaluation(algorithm, fed.model_for(0), fed, server)
-        list(algorithm.extra_global_predictors(fed.model_for(0), server))
+        global_evaluation(algorithm, fed.model_for(0), fed, server)  # and its extra global predictors
         assert not _changed(before, _snapshot(algorithm)), f"the server side changed {name}'s attributes"
 
 

@@ -186,7 +186,8 @@ def test_epsilon_grows_with_rounds_and_shrinks_with_noise_and_sampling():
     # a noise multiplier whose square underflows: the library computes NaN or fails; no bound, never 0
     assert epsilon(10, 5, 1e-160, 1, 1e-5) == epsilon(10, 5, 1e-200, 1, 1e-5) == math.inf
     smallest = load_config(None, ["privacy.clip=1", "privacy.noise_multiplier=1.5e-45"])  # float32's
-    assert math.isfinite(dp_epsilon(smallest, 1000))  # metrics.jsonl is strict JSON
+    # metrics.jsonl is strict JSON
+    assert math.isfinite(dp_epsilon(smallest, 1000, smallest.clients, FedAvg()))
 
 
 def test_a_dp_run_reports_an_increasing_epsilon_each_evaluated_round_and_in_the_summary(tmp_path):
@@ -211,7 +212,7 @@ def test_delta_must_be_below_one_over_the_clients():
 def test_noise_without_the_accountant_says_how_to_install_it(monkeypatch):
     config = load_config(None, SMALL + ["privacy.clip=1", "privacy.noise_multiplier=1"])
     monkeypatch.setitem(sys.modules, "dp_accounting", None)  # import dp_accounting raises ImportError
-    for call in (lambda: check_privacy(config), lambda: dp_epsilon(config, 1)):
+    for call in (lambda: check_privacy(config), lambda: dp_epsilon(config, 1, 2, FedAvg())):
         with pytest.raises(UserError, match=r"pip install 'fedpcd\[privacy\]'") as err:
             call()
         assert "\n" not in str(err.value)

@@ -117,7 +117,8 @@ def _resolve(config: str | os.PathLike[str] | Config | Mapping[str, Any] | None,
         raise UserError(
             f"config must be a YAML file path, a Config, a mapping or None, got {type(config).__name__}"
         )
-    return config_from_dict(apply_overrides(raw, _nested(overrides)))
+    raw = apply_overrides(raw, _nested(overrides))
+    return config_from_dict(raw)
 
 
 def run(
@@ -175,7 +176,8 @@ def run(
         target = _resolve(config, overrides)
         check_round_callback(target, on_round)
         if not resume:
-            return _result(target, run_experiment(target, progress=progress, on_record=on_round))
+            summary = run_experiment(target, progress=progress, on_record=on_round)
+            return _result(target, summary)
         out = Path(target.output_dir)
     summary = resume_run(target, progress=progress, on_record=on_round, changes=changes)
     return _result(load_run_config(RunFiles(out).config, [f"output_dir={out}"]), summary)

@@ -204,14 +204,15 @@ def checkpoint_state(
     wall_s: float,
     records: Sequence[dict[str, Any]],
     config: Config | None = None,
-    partition_sha256: str | None = None,
+    partition: str | Path | None = None,
 ) -> dict[str, Any]:
     """What ``--resume`` needs after round ``rnd``: server and client states, the metrics so far (so a
     metrics.jsonl line torn or written after the checkpoint never matters), the global RNG states, the
     run's ``config`` (canonical JSON and its SHA-256: a resume checks it against config.yaml) and the
-    SHA-256 of its partition.json (:func:`file_sha256`: a resume refuses a partition.json changed since).
+    SHA-256 of its ``partition`` file (:func:`file_sha256`: a resume refuses a partition.json changed since).
 
     ``client_states``: a dict, or a store with ``to_dict()`` (engine/state_store.py)."""
+    digest = file_sha256(partition, "partition file") if partition is not None else None
     to_dict = getattr(client_states, "to_dict", None)
     state = {
         "format": CHECKPOINT_FORMAT,
@@ -225,8 +226,8 @@ def checkpoint_state(
     if config is not None:
         state["config"] = canonical_config(config)
         state["config_sha256"] = config_hash(state["config"])
-    if partition_sha256 is not None:
-        state["partition_sha256"] = partition_sha256
+    if digest is not None:
+        state["partition_sha256"] = digest
     return state
 
 

@@ -212,19 +212,34 @@ def global_accuracy(
     algorithm: Algorithm, model: nn.Module, fed: Federation, server: dict[str, Any]
 ) -> float | None:
     """GA: the global predictor on the full test set (None for purely personalised methods)."""
-    return global_evaluation(algorithm, model, fed, server)[0]
+    predictor = algorithm.global_predictor(model, server)
+    return accuracy(predict(predictor, _test_x(fed)), _test_y(fed)) if predictor else None
 
 
 def global_evaluation(
     algorithm: Algorithm, model: nn.Module, fed: Federation, server: dict[str, Any]
-) -> tuple[float | None, list[float | None] | None]:
-    """(GA, the global model's accuracy on each class of the test set), (None, None) without a global model;
-    a class without test samples is None."""
+) -> tuple[float | None, list[float | None] | None, dict[str, float]]:
+    """(GA, the global model's accuracy on each class of the test set, the accuracies of the algorithm's
+    extra global predictors): GA and the classes (None for a class without test samples) are None without a
+    global model; the extra accuracies are ``global_acc_<name>`` in metrics.jsonl
+    (``Algorithm.extra_global_predictors``)."""
+    test_x, test_y = _test_x(fed), _test_y(fed)
+    ga, classes = None, None
     predictor = algorithm.global_predictor(model, server)
-    if not predictor:
-        return None, None
-    test_x = fed.test_x if fed.test_x is not None else fed.dataset.normalized("test")
-    test_y = fed.test_y if fed.test_y is not None else fed.dataset.test_y
-    pred = predict(predictor, test_x)
-    row = per_class_accuracy(pred, test_y, fed.dataset.num_classes).tolist()
-    return accuracy(pred, test_y), [None if math.isnan(v) else round(v, 4) for v in row]
+    if predictor:
+        pred = predict(predictor, test_x)
+        row = per_class_accuracy(pred, test_y, fed.dataset.num_classes).tolist()
+        ga, classes = accuracy(pred, test_y), [None if math.isnan(v) else round(v, 4) for v in row]
+    extra = {
+        name: accuracy(predict(extra_predictor, test_x), test_y)
+        for name, extra_predictor in algorithm.extra_global_predictors(model, server)
+    }
+    return ga, classes, extra
+
+
+def _test_x(fed: Federation) -> torch.Tensor:
+    return fed.test_x if fed.test_x is not None else fed.dataset.normalized("test")
+
+
+def _test_y(fed: Federation) -> torch.Tensor:
+    return fed.test_y if fed.test_y is not None else fed.dataset.test_y

@@ -44,10 +44,9 @@ import numpy as np
 import torch
 
 from fedpcd import seeds
-from fedpcd.algorithms import ALGORITHMS, build_algorithm
+from fedpcd.algorithms import ALGORITHMS, Algorithm
 from fedpcd.algorithms.context import CLASSES, MODEL, NUM_SAMPLES, TRAIN_LOSS, Upload
 from fedpcd.config import Config
-from fedpcd.engine.federation import sample_clients
 from fedpcd.errors import UserError
 
 COVERED = (MODEL, NUM_SAMPLES, TRAIN_LOSS)  # the reply keys the mechanism covers (docs/privacy.md)
@@ -272,6 +271,7 @@ def add_noise(
     if not sigma or config.privacy.clip is None or kept == 0:
         return server
     std = sigma * config.privacy.clip / kept
+    state = _model_of(server, "server state", config.algorithm.name) if model else None
     gen = seeds.generator(seeds.dp_noise(config.seed, rnd))
 
     def noisy(v: torch.Tensor) -> torch.Tensor:
@@ -280,8 +280,7 @@ def add_noise(
         return v + (torch.randn(v.shape, generator=gen, dtype=v.dtype) * std).to(v.device)
 
     out = dict(server)
-    if model:
-        state = _model_of(server, "server state", config.algorithm.name)
+    if state is not None:
         out[MODEL] = {k: noisy(v) for k, v in state.items()}  # the state dict's order: every backend agrees
     for key in joined:
         value = server[key]
@@ -341,16 +340,15 @@ def epsilon(
     return float(dpa.rdp.compute_epsilon(orders, rdp * rounds, delta)[0])
 
 
-def dp_epsilon(config: Config, rounds: int) -> float | None:
-    """``dp_epsilon`` of a run's record after ``rounds`` rounds: :func:`epsilon` for the run's clients,
-    participation, ``privacy.noise_multiplier``, ``privacy.delta`` and its algorithm's mechanisms; None
-    without noise (no guarantee). Finite: the config takes no noise multiplier below float32's smallest,
-    1.4e-45 (``check_values``)."""
+def dp_epsilon(config: Config, rounds: int, sampled: int, algorithm: Algorithm) -> float | None:
+    """``dp_epsilon`` of a run's record after ``rounds`` rounds: :func:`epsilon` for the run's clients with
+    ``sampled`` of them per round, ``privacy.noise_multiplier``, ``privacy.delta`` and the :func:`mechanisms`
+    of the run's ``algorithm``; None without noise (no guarantee). Finite: the config takes no noise
+    multiplier below float32's smallest, 1.4e-45 (``check_values``)."""
     privacy = config.privacy
     if privacy.clip is None or not privacy.noise_multiplier:
         return None
-    sampled = len(sample_clients(config.clients, config.participation, config.seed, 1))
-    count = mechanisms(build_algorithm(config.algorithm.name, config.algorithm.params()))
+    count = mechanisms(algorithm)
     return epsilon(config.clients, sampled, privacy.noise_multiplier, rounds, privacy.delta, count)
 
 

@@ -32,13 +32,12 @@ from fedpcd.engine.checkpoint import (
     checkpoint_records,
     checkpoint_rounds,
     checkpoint_state,
-    file_sha256,
     restore_rng,
 )
 from fedpcd.engine.executor import Executor, StatesUnavailable
 from fedpcd.engine.federation import Federation, global_evaluation, sample_clients
 from fedpcd.engine.guard import check_server
-from fedpcd.engine.metrics import accuracy, balanced_accuracy, predict
+from fedpcd.engine.metrics import balanced_accuracy
 from fedpcd.engine.privacy import add_noise, dp_epsilon
 from fedpcd.engine.records import round_record, summary_of
 from fedpcd.engine.robust import robust_aggregate
@@ -84,21 +83,6 @@ def is_full_eval_round(rnd: int, config: Config) -> bool:
     if config.personal_test != "full":
         return False
     return rnd % (config.eval_every * config.personal_full_every) == 0 or rnd == config.rounds
-
-
-def extra_global_accuracies(
-    algorithm: Algorithm, fed: Federation, server: dict[str, Any]
-) -> dict[str, float]:
-    """The accuracies of the algorithm's extra global predictors on the full test set (``global_acc_<name>``
-    in metrics.jsonl; see ``Algorithm.extra_global_predictors``)."""
-    test_x = getattr(fed, "test_x", None)
-    test_y = getattr(fed, "test_y", None)
-    if test_x is None or test_y is None:
-        test_x, test_y = fed.dataset.normalized("test"), fed.dataset.test_y
-    return {
-        name: accuracy(predict(predictor, test_x), test_y)
-        for name, predictor in algorithm.extra_global_predictors(fed.model_for(0), server)
-    }
 
 
 def aggregate_round(
@@ -162,10 +146,10 @@ def play_round(
     evaluate on evaluated rounds. Returns the new server state, the round's record (None when not evaluated)
     and its wall time."""
     t0 = time.perf_counter()
+    evaluate, full = is_eval_round(rnd, config), is_full_eval_round(rnd, config)
     ids = sample_clients(config.clients, config.participation, config.seed, rnd)
-    evaluate = is_eval_round(rnd, config)
     payloads = payloads_for(algorithm, server, ids)
-    results = executor.train(algorithm, payloads, rnd, evaluate, is_full_eval_round(rnd, config))
+    results = executor.train(algorithm, payloads, rnd, evaluate, full)
     sizes = [client.num_samples for client in fed.clients]
     kept, screened = admit_replies(config, algorithm, sizes, payloads, results, rnd)
     uploads = algorithm.upload_bounds()
@@ -178,8 +162,7 @@ def play_round(
         server = server_step(config, before, server)
     if not evaluate:
         return server, None, time.perf_counter() - t0
-    ga, ga_classes = global_evaluation(algorithm, fed.model_for(0), fed, server)
-    extra = extra_global_accuracies(algorithm, fed, server)
+    ga, ga_classes, extra = global_evaluation(algorithm, fed.model_for(0), fed, server)
     wall = time.perf_counter() - t0
     up, down = sum(r.bytes_up for r in results), sum(r.bytes_down for r in results)
     record = round_record(rnd, ga, kept, kept_ids, up, down, wall, extra, ga_classes)
@@ -188,7 +171,7 @@ def play_round(
         record["left_out"] = sorted({*screened.failed, *screened.diverged})
     if config.privacy.clip is not None:
         record["dp_clipped"] = sum(r.clipped for r in kept)
-        record["dp_epsilon"] = dp_epsilon(config, rnd)
+        record["dp_epsilon"] = dp_epsilon(config, rnd, len(ids), algorithm)
     return server, record, wall
 
 
@@ -296,6 +279,6 @@ def _save_checkpoint(
     except StatesUnavailable as exc:
         LOGGER.warning("round %d: no checkpoint (%s); a resume starts from the previous one", rnd, exc)
         return
-    digest = file_sha256(run.folder.partition, "partition file")
-    run.folder.save_checkpoint(checkpoint_state(rnd, server, states, wall, records, run.config, digest))
+    state = checkpoint_state(rnd, server, states, wall, records, run.config, run.folder.partition)
+    run.folder.save_checkpoint(state)
     LOGGER.debug("round %d: checkpoint saved", rnd)
