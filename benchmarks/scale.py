@@ -121,7 +121,7 @@ def run_one(args: argparse.Namespace, algorithm_name: str, backend: str, workdir
     ga = None
     for i in range(args.rounds):
         rnd += 1
-        ids = sample_clients(args.clients, args.per_round / args.clients, cfg.seed, rnd)
+        ids = sample_clients(args.clients, args.per_round, cfg.seed, rnd)
         metrics = one_round(rnd, ids, True)
         personal = [m[PA_SPLIT.key] for m in metrics if m.get(PA_SPLIT.key) is not None]
         if i == args.rounds - 1:

@@ -289,7 +289,7 @@ def measure(setting: Setting, evaluate: bool = False, **extra: Any) -> dict[str,
     samples = setting.participants * setting.samples
     for rep in range(setting.repeats + 1):  # pass 0 warms every path up and is not counted
         rnd = rep + 1
-        ids = sample_clients(setting.clients, setting.participants / setting.clients, fed.config.seed, rnd)
+        ids = sample_clients(setting.clients, setting.participants, fed.config.seed, rnd)
         assert len(ids) == setting.participants
         if rep == 0:
             ids = ids[:WARMUP_CLIENTS]

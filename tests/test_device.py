@@ -77,16 +77,19 @@ def test_flower_gpu_share(no_cuda, monkeypatch):
     from fedpcd.flower.simulation import client_gpus, ray_backend_config
 
     cfg = load_config(None, ["engine.device=auto"])
-    assert client_gpus(cfg) == (0, 0.0)
-    assert ray_backend_config(cfg)["client_resources"]["num_gpus"] == 0.0
+    cpu = resolve_device("auto")
+    assert client_gpus(cfg, cpu) == (0, 0.0)
+    assert ray_backend_config(cfg, cpu)["client_resources"]["num_gpus"] == 0.0
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert client_gpus(load_config(None, ["engine.device=cuda"]), num_cpus=4) == (2, 0.5)
-    backend = ray_backend_config(load_config(None, ["engine.device=auto", "engine.threads=2"]), num_cpus=8)
+    cuda = torch.device("cuda")
+    assert client_gpus(load_config(None, ["engine.device=cuda"]), cuda, num_cpus=4) == (2, 0.5)
+    cfg = load_config(None, ["engine.device=auto", "engine.threads=2"])
+    backend = ray_backend_config(cfg, cuda, num_cpus=8)
     assert backend["client_resources"] == {"num_cpus": 2, "num_gpus": 0.5}
     assert backend["init_args"]["num_gpus"] == 2
     with pytest.raises(UserError, match="CUDA_VISIBLE_DEVICES=1"):
-        client_gpus(load_config(None, ["engine.device=cuda:1"]))
+        client_gpus(load_config(None, ["engine.device=cuda:1"]), torch.device("cuda:1"))
 
 
 @pytest.mark.skipif(not has_cuda, reason="needs a CUDA device")

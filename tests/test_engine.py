@@ -133,9 +133,9 @@ def test_existing_run_dir_is_not_overwritten(tmp_path):
 
 
 def test_partial_participation_is_seeded_without_replacement(tmp_path):
-    picks = [sample_clients(10, 0.3, 0, r) for r in range(1, 6)]
+    picks = [sample_clients(10, 3, 0, r) for r in range(1, 6)]
     assert all(len(p) == 3 and len(set(p)) == 3 for p in picks)
-    assert picks == [sample_clients(10, 0.3, 0, r) for r in range(1, 6)]
+    assert picks == [sample_clients(10, 3, 0, r) for r in range(1, 6)]
     assert len({tuple(p) for p in picks}) > 1
     cfg = load_config(None, SMALL + ["clients=6", "participation=0.5", "rounds=2", f"output_dir={tmp_path}"])
     run_experiment(cfg, progress=False)

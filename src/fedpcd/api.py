@@ -163,7 +163,6 @@ def run(
     from fedpcd.backends import check_round_callback, resume_run, run_experiment
 
     changes: list[str] = []
-    target: Path | Config
     if resume and isinstance(config, (str, os.PathLike)) and Path(config).is_dir():
         if set(overrides) - {"rounds"}:
             raise UserError(
@@ -171,23 +170,22 @@ def run(
                 "(more rounds: the run is extended)"
             )
         changes = _override_items(overrides)
-        target = out = Path(config)
+        out = Path(config)
+        summary = resume_run(out, progress=progress, on_record=on_round, changes=changes)
     else:
         target = _resolve(config, overrides)
         check_round_callback(target, on_round)
-        if not resume:
-            summary = run_experiment(target, progress=progress, on_record=on_round)
-            return _result(target, summary)
         out = Path(target.output_dir)
-    summary = resume_run(target, progress=progress, on_record=on_round, changes=changes)
-    return _result(load_run_config(RunFiles(out).config, [f"output_dir={out}"]), summary)
-
-
-def _result(config: Config, summary: dict[str, Any]) -> RunResult:
+        if resume:
+            summary = resume_run(target, progress=progress, on_record=on_round)
+        else:
+            summary = run_experiment(target, progress=progress, on_record=on_round)
     from fedpcd.run_read import read_metrics
 
-    files = RunFiles(config.output_dir)
-    return RunResult(files.path, config, summary, _frame(read_metrics(files.metrics), ["round"]))
+    files = RunFiles(out)
+    # the config the run was made with, as its folder holds it (a resumed run's may predate today's keys)
+    used = load_run_config(files.config, [f"output_dir={out}"])
+    return RunResult(files.path, used, summary, _frame(read_metrics(files.metrics), ["round"]))
 
 
 def _override_items(overrides: Mapping[str, Any] | None) -> list[str]:

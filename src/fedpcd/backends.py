@@ -66,10 +66,9 @@ def resume_run(
 
 def _run(run: Run, progress: bool, on_record: RecordHook | None) -> dict[str, Any]:
     """``run`` on its config's backend, watched by its observers."""
-    config = run.config
-    if config.backend == "flower":
+    observers = round_observers(run.config, progress, on_record)
+    if run.config.backend == "flower":
         from fedpcd.flower.simulation import run_flower
 
-        observers = round_observers(config, progress, desc=f"{config.algorithm.name} (flower)")
         return run_flower(run, observers, progress=progress)
-    return run_local(run, round_observers(config, progress, on_record), progress=progress)
+    return run_local(run, observers, progress=progress)

@@ -1,11 +1,6 @@
 """The experiment config's schema: every key, its type, bounds, default and description (docs/design.md
-section 7, docs/configuration.md).
-
-Pure pydantic: a section knows no registry. The open-ended sections (the partition scheme's, model's and
-algorithm's own parameters) keep their extra keys as given; ``fedpcd.resolve`` checks them against their
-registries and fills their defaults, and ``fedpcd.params.validate_params`` checks their declared types and
-ranges.
-"""
+section 7, docs/configuration.md). Pure pydantic, no registry: ``fedpcd.resolve`` checks and fills the
+open-ended sections' extra keys (the partition scheme's, model's and algorithm's own parameters)."""
 
 from __future__ import annotations
 
@@ -494,6 +489,11 @@ class Config(_Strict):
         description="The run directory (config.yaml, metrics.jsonl, summary.json, checkpoint/); a sweep's "
         "runs go in folders below it.",
     )
+
+    @property
+    def clients_per_round(self) -> int:
+        """The clients sampled each round: round(participation * clients), at least 1."""
+        return max(1, round(self.participation * self.clients))
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data (JSON types): what the run's config.yaml holds."""

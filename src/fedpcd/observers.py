@@ -88,12 +88,14 @@ class Callback:
 
 
 def round_observers(
-    config: Config, progress: bool = True, on_record: RecordHook | None = None, desc: str | None = None
+    config: Config, progress: bool = True, on_record: RecordHook | None = None
 ) -> list[RoundObserver]:
     """A run's observers, in the order each round reaches them: the progress bar (shown with
-    ``progress``; ``desc``: its label, default the algorithm's name), the trackers, then ``on_record``."""
+    ``progress``; its label the algorithm's name, with ``(flower)`` on the Flower backend), the trackers,
+    then ``on_record``."""
+    flower = " (flower)" if config.backend == "flower" else ""
     observers: list[RoundObserver] = [
-        ProgressBar(desc or config.algorithm.name, progress),
+        ProgressBar(config.algorithm.name + flower, progress),
         TrackerObserver(config),
     ]
     if on_record is not None:

@@ -140,7 +140,7 @@ def _meta_weights(arch: str, params: dict[str, Any]) -> int | str | None:
 
 
 def _check_min_clients(config: Config) -> None:
-    per_round = max(1, round(config.participation * config.clients))
+    per_round = config.clients_per_round
     if config.engine.min_clients > per_round:
         raise UserError(
             f"engine.min_clients={config.engine.min_clients} is more than the {per_round} client(s) sampled "
@@ -167,7 +167,7 @@ def _check_secagg(config: Config, algo_cls: type) -> None:
             f"client models; {config.algorithm.name!r} aggregates with its own rule. Choose one of: "
             f"{', '.join(fedavg_aggregating())}"
         )
-    per_round = max(1, round(config.participation * config.clients))
+    per_round = config.clients_per_round
     if per_round < 2:
         raise UserError(
             f"privacy.secagg needs at least 2 clients per round, {per_round} sampled (clients="

@@ -148,7 +148,7 @@ def build_federation(config: Config) -> Federation:
         num_classes=ds.num_classes,
         groups=ds.groups,
     )
-    x, test_x = ds.normalized("train").to(device), ds.normalized("test").to(device)
+    x, test_x = (ds.normalized(split).to(device) for split in ("train", "test"))
     train_y, test_y = ds.train_y.to(device), ds.test_y.to(device)
     clients = make_clients(config, ds, partition, x, train_y, test_x, test_y)
     with torch.random.fork_rng(devices=[]):  # a throw-away model: the run's random streams are untouched
@@ -199,13 +199,13 @@ def make_clients(
     ]
 
 
-def sample_clients(num_clients: int, participation: float, seed: int, rnd: int) -> list[int]:
-    """The round's participants: round(participation * K) clients (>= 1), without replacement, sorted."""
-    m = max(1, round(participation * num_clients))
-    if m >= num_clients:
+def sample_clients(num_clients: int, per_round: int, seed: int, rnd: int) -> list[int]:
+    """The round's participants: ``per_round`` of the ``num_clients`` clients (``Config.clients_per_round``),
+    without replacement, sorted."""
+    if per_round >= num_clients:
         return list(range(num_clients))
     rng = np.random.default_rng(seeds.participants(seed, rnd))
-    return sorted(int(k) for k in rng.choice(num_clients, size=m, replace=False))
+    return sorted(int(k) for k in rng.choice(num_clients, size=per_round, replace=False))
 
 
 def global_accuracy(

@@ -259,7 +259,7 @@ def auto_workers(fed: Federation) -> tuple[int, str]:
             "on a GPU one process, its clients one after another (engine.executor: vectorized batches them)",
         )
     cores = usable_cores()
-    per_round = max(1, round(config.participation * config.clients))
+    per_round = config.clients_per_round
     model = sum(t.numel() * t.element_size() for t in fed.model_for(0).state_dict().values())
     memory = int(psutil.virtual_memory().available // (WORKER_BYTES + 16 * model))
     workers = max(1, min(cores, per_round, memory))

@@ -27,6 +27,7 @@ coordinate to be trimmed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,7 +37,6 @@ from fedpcd.algorithms import ALGORITHMS, Algorithm, declared_uploads, mean_aggr
 from fedpcd.algorithms.context import CLASSES, MODEL, row_classes
 from fedpcd.algorithms.statedict import StateDict, coordinate_median, trimmed_mean, weighted_average
 from fedpcd.config import Config
-from fedpcd.engine.federation import sample_clients
 from fedpcd.errors import UserError
 
 Reduce = Callable[[Sequence[dict[str, Any]]], StateDict]
@@ -66,7 +66,7 @@ def check_robust(config: Config) -> None:
             "it does not combine with privacy.secagg or privacy.noise_multiplier > 0"
         )
     if robust in KRUM:
-        n = len(sample_clients(config.clients, config.participation, config.seed, 1))
+        n = config.clients_per_round
         if n <= 2 * agg.byzantine + 2:
             raise UserError(
                 f"aggregation.robust={robust} with aggregation.byzantine={agg.byzantine} needs more than "
@@ -154,7 +154,8 @@ def robust_aggregate(
         replies = [replies[i] for i in sorted(krum_pick(vectors, agg.byzantine, select))]
         reduce: Reduce = lambda states: weighted_average(states, [1.0] * len(states))  # noqa: E731
     else:
-        reduce = coordinate_median if agg.robust == "median" else lambda s: trimmed_mean(s, agg.trim)
+        trimmed = functools.partial(trimmed_mean, trim=agg.trim)
+        reduce = coordinate_median if agg.robust == "median" else trimmed
         for u in uploads:
             if u.kind == "rows" and u.key in replies[0]:
                 replies = robust_rows(replies, u.key, reduce, algorithm.ctx.num_classes)

@@ -147,7 +147,7 @@ def play_round(
     and its wall time."""
     t0 = time.perf_counter()
     evaluate, full = is_eval_round(rnd, config), is_full_eval_round(rnd, config)
-    ids = sample_clients(config.clients, config.participation, config.seed, rnd)
+    ids = sample_clients(config.clients, config.clients_per_round, config.seed, rnd)
     payloads = payloads_for(algorithm, server, ids)
     results = executor.train(algorithm, payloads, rnd, evaluate, full)
     sizes = [client.num_samples for client in fed.clients]
@@ -157,6 +157,7 @@ def play_round(
     before = server.get(MODEL)
     server = aggregate_round(algorithm, config, rnd, server, [r.update for r in kept], kept_ids)
     joined = [u.key for u in uploads if u.kind == "model" and u.key in server]
+    spent = dp_epsilon(config, rnd, len(ids), algorithm) if evaluate else None  # after this round's release
     server = add_noise(server, config, rnd, len(kept), joined, type(algorithm).averages_model)
     if before is not None:
         server = server_step(config, before, server)
@@ -171,7 +172,7 @@ def play_round(
         record["left_out"] = sorted({*screened.failed, *screened.diverged})
     if config.privacy.clip is not None:
         record["dp_clipped"] = sum(r.clipped for r in kept)
-        record["dp_epsilon"] = dp_epsilon(config, rnd, len(ids), algorithm)
+        record["dp_epsilon"] = spent
     return server, record, wall
 
 

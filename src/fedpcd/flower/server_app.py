@@ -90,7 +90,7 @@ def serve(
         run = Run.resume(config) if resume else Run.create(config)
         config = run.config
     if observers is None:
-        observers = round_observers(config, progress, desc=f"{config.algorithm.name} (flower)")
+        observers = round_observers(config, progress)
     LOG.info("fedpcd: run directory %s", Path(config.output_dir).resolve())
     with run.open(federation) as fed:
         secure = None

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+
 from fedpcd.config import Config
 from fedpcd.engine.rounds import RoundObserver
 from fedpcd.engine.run import Run
@@ -42,17 +44,13 @@ from fedpcd.flower import _env, procs, watchdog
 from fedpcd.procs_guard import not_ignored
 
 
-def client_gpus(config: Config, num_cpus: int | None = None) -> tuple[int, float]:
-    """(GPUs given to Ray, GPU share of one ClientApp) for ``engine.device``: (0, 0) on the CPU.
+def client_gpus(config: Config, device: torch.device, num_cpus: int | None = None) -> tuple[int, float]:
+    """(GPUs given to Ray, GPU share of one ClientApp) for the run's ``device`` (``engine.device`` resolved):
+    (0, 0) on the CPU.
 
     On CUDA the ClientApps that run at once (``num_cpus // threads``) share all visible GPUs evenly; Ray
     makes each actor's share visible as ``cuda`` (so ``cuda:N`` is refused: select the GPU with
     ``CUDA_VISIBLE_DEVICES=N`` and ``engine.device=cuda``)."""
-    import torch
-
-    from fedpcd.engine.federation import resolve_device
-
-    device = resolve_device(config.engine.device)
     if device.type != "cuda":
         return 0, 0.0
     if device.index is not None:
@@ -65,12 +63,14 @@ def client_gpus(config: Config, num_cpus: int | None = None) -> tuple[int, float
     return gpus, min(1.0, gpus / at_once)
 
 
-def ray_backend_config(config: Config, verbose: bool = False, num_cpus: int | None = None) -> dict[str, Any]:
+def ray_backend_config(
+    config: Config, device: torch.device, verbose: bool = False, num_cpus: int | None = None
+) -> dict[str, Any]:
     """Flower's backend_config: one CPU per ClientApp, Ray on 127.0.0.1, no dashboard, quiet actors.
 
     Ray runs ``num_cpus // threads`` ClientApps at a time (default: all of the machine's cores); on CUDA
     (``engine.device``) they share the GPUs (:func:`client_gpus`)."""
-    gpus, per_client = client_gpus(config, num_cpus)
+    gpus, per_client = client_gpus(config, device, num_cpus)
     config_ = {
         "client_resources": {"num_cpus": config.engine.threads or 1, "num_gpus": per_client},
         "init_args": {
@@ -145,6 +145,7 @@ def _run_simulation(
             started.update(procs.descendants(os.getpid()) - before)
             finished.set()
 
+        backend_config = ray_backend_config(config, fed.device, verbose, num_cpus)
         server_app = make_server_app(
             run,
             federation=fed,
@@ -166,7 +167,7 @@ def _run_simulation(
                 client_app=client_app,
                 num_supernodes=config.clients,
                 backend_name="ray",
-                backend_config=ray_backend_config(config, verbose, num_cpus),
+                backend_config=backend_config,
             )
         except KeyboardInterrupt:  # from _on_signal, while no message worker ran
             if "summary" not in result:
