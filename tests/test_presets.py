@@ -25,7 +25,9 @@ def _value(data: dict, dotted: str):
 
 
 def _all_presets():
-    return [(name, preset) for name in FIVE for preset in presets_of(name)]
+    from fedpcd.algorithms import ALGORITHMS
+
+    return [(name, preset) for name in ALGORITHMS.names() for preset in presets_of(name)]
 
 
 def test_each_of_the_five_methods_has_a_paper_and_an_official_preset():
@@ -95,7 +97,8 @@ def test_list_shows_the_presets_and_what_each_sets():
     for preset in ("paper", "official", "code_intended"):
         assert f"\n  {preset}: " in text
     assert "algorithm.cpdr_dist=self_mse" in text and "participation=0.5" in text
-    assert "presets" not in describe("fedavg")
+    assert "presets" not in describe("fedprox")  # FedAvg's presets are not its subclasses'
+    assert "\n  fedadam: FedAdam: server Adam" in describe("fedavg")
 
 
 # ----- precedence, the warning, the record and the label (config files and the command line) ---------------
@@ -306,3 +309,30 @@ def test_labels_and_the_code_comparison_import_without_torch():
         "assert run_label({'algorithm': {'name': 'fedavg'}}) == 'fedavg'; assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_fedavgm_and_fedadam_are_fedavg_presets_that_set_the_server_optimiser(tmp_path):
+    """FedAvg's presets set the server optimiser at Reddi et al.'s EMNIST CR values; a run under one equals a
+    run with those keys given; no subclass of FedAvg inherits them, and FedGE declares FedGELA's."""
+    from fedpcd.api import run
+
+    assert set(presets_of("fedavg")) == {"fedavgm", "fedadam"}
+    assert presets_of("fedprox") == {} and presets_of("scaffold") == {}
+    assert presets_of("fedge") == presets_of("fedgela")
+    adam = load_config(None, ["algorithm.preset=fedadam"]).server
+    assert (adam.optimizer, adam.lr, adam.tau, adam.beta1, adam.beta2) == ("adam", 10**-2.5, 1e-4, 0.9, 0.99)
+    momentum = load_config(None, ["algorithm.preset=fedavgm"]).server
+    assert (momentum.optimizer, momentum.lr, momentum.momentum) == ("momentum", 10**-0.5, 0.9)
+    tiny = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in [*TINY, "rounds=2"])}
+    preset = run(algorithm__preset="fedadam", output_dir=str(tmp_path / "preset"), **_api(tiny))
+    given = {f"server__{k.split('.')[1]}": v for k, v in presets_of("fedavg")["fedadam"].values.items()}
+    explicit = run(output_dir=str(tmp_path / "explicit"), **given, **_api(tiny))
+    plain = run(output_dir=str(tmp_path / "plain"), **_api(tiny))
+    columns = ["global_acc", "personal_acc"]
+    assert preset.metrics[columns].equals(explicit.metrics[columns])
+    assert not preset.metrics[columns].equals(plain.metrics[columns])
+
+
+def _api(dotted: dict) -> dict:
+    """``{"dataset.name": ...}`` as the API's keyword overrides (``dataset__name``)."""
+    return {key.replace(".", "__"): value for key, value in dotted.items()}

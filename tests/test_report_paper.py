@@ -19,7 +19,7 @@ import yaml
 
 from fedpcd.cli import main
 from fedpcd.errors import UserError
-from fedpcd.report.grid import build_grid, partition_name
+from fedpcd.report.grid import build_grid, is_reference, partition_name
 from fedpcd.report.paper import (
     cells_csv,
     communication_table,
@@ -99,6 +99,32 @@ def test_grid_names_orders_and_pivots_by_hand():
     assert _cells(best, "fedavg")[0] == "**55.00 ± 7.07**"  # best rounds 0.6 and 0.5
     assert _cells(best, "fedprox mu=0.1")[0] == "50.00 ± 28.28"  # 0.7 and 0.3
     assert _cells(pivot_table(grid, "personal_acc", "last", 2), "fedavg")[0] == "**85.00 ± 7.07**"
+
+
+def test_a_preset_of_the_reference_algorithm_is_a_method_compared_with_it():
+    """FedAvg under its preset fedadam is FedAdam: a row of its own, paired with plain FedAvg of the same
+    setting and seed, never the reference."""
+    from fedpcd.algorithms.presets import preset_values
+
+    fedavg, fedprox = {"name": "fedavg"}, {"name": "fedprox"}
+    fedadam = {"name": "fedavg", "preset": "fedadam"}
+    runs = [
+        _run(fedavg, PATHOLOGICAL, 0, [0.2, 0.4], [0.5, 0.5]),
+        _run(fedavg, PATHOLOGICAL, 1, [0.3, 0.5], [0.5, 0.5]),
+        _run(fedadam, PATHOLOGICAL, 0, [0.3, 0.6], [0.5, 0.5]),
+        _run(fedadam, PATHOLOGICAL, 1, [0.4, 0.6], [0.5, 0.5]),
+        _run(fedprox, PATHOLOGICAL, 0, [0.3, 0.3], [0.5, 0.5]),
+    ]
+    server = {k.split(".")[1]: v for k, v in preset_values("fedavg", "fedadam").items()}
+    for run in runs[2:4]:
+        run.config["server"] = server  # as the preset resolves
+    grid = build_grid(runs)
+    assert grid.methods == ["fedavg", "fedavg preset=fedadam", "fedprox"]  # the reference (plain) first
+    diffs = paired_differences(grid, "global_acc", "last", 1)
+    assert diffs[("fedavg preset=fedadam", "P10C2")] == pytest.approx([0.6 - 0.4, 0.6 - 0.5])
+    assert diffs[("fedprox", "P10C2")] == pytest.approx([0.3 - 0.4])
+    assert is_reference("fedavg", "fedavg") and is_reference("fedavg weighting=batches", "fedavg")
+    assert not is_reference("fedavg preset=fedadam", "fedavg")
 
 
 def test_settings_go_from_mild_to_strong_skew_then_unusual_client_counts():

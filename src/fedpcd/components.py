@@ -97,6 +97,13 @@ def _block(kind: str, name: str, obj: Any) -> str:
         lines.append(f"parameters: none of its own ({keys} apply to every dataset)")
         return "\n".join(lines)
     spec = param_spec(kind, name, obj)
+    if kind == "algorithm":
+        from fedpcd.algorithms.presets import describe_presets
+
+        presets = describe_presets(name)
+        if presets:
+            lines.append("presets (set as algorithm.preset=<name>; a key the config sets wins, warned):")
+            lines.extend(presets)
     if not spec.defaults:
         lines.append("parameters: none")
         return "\n".join(lines)
@@ -107,13 +114,6 @@ def _block(kind: str, name: str, obj: Any) -> str:
     if any(descriptions):  # declared as Field(description=...) in the parameter's annotation
         header.append("description")
         rows = [[*row, text or "-"] for row, text in zip(rows, descriptions, strict=True)]
-    if kind == "algorithm":
-        from fedpcd.algorithms.presets import describe_presets
-
-        presets = describe_presets(name)
-        if presets:
-            lines.append("presets (set as algorithm.preset=<name>; a key the config sets wins, warned):")
-            lines.extend(presets)
     lines.append(f"parameters (set as {SECTIONS[kind]}.<parameter>=<value>):")
     lines.extend(line.rstrip() for line in text_table(rows, header).splitlines())
     return "\n".join(lines)

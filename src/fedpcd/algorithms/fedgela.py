@@ -413,7 +413,9 @@ class FedGE(FedGELA):
     """FedGE (ablation, paper Table 4): FedGELA with phi = 1, i.e. FedAvg with the fixed ETF classifier.
 
     No local adaptation at all: every class enters the loss and personal inference, so ``softmax`` and ``q``
-    have no effect."""
+    have no effect. Its presets are FedGELA's settings."""
+
+    presets: ClassVar[dict[str, Preset]] = FedGELA.presets
 
     def local_adaptation(self, label_counts: Tensor) -> tuple[Tensor, Tensor]:
         return no_adaptation(label_counts)

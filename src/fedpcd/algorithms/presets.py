@@ -1,10 +1,10 @@
 """Named settings of an algorithm: ``algorithm.preset: paper | official | ...``.
 
 An algorithm class declares its presets as a class attribute ``presets: {name: Preset}`` (next to its
-options, in its own module). A preset is a set of config values given by dotted keys from the config's root:
-mostly ``algorithm.<option>``, but also the optimizer (``local.lr``) or the federation (``clients``,
-``participation``) where the paper's or the released code's behaviour depends on them (FedSSA's tuned
-T_stable only holds in its code's whole setting).
+options, in its own module; a subclass does not inherit them). A preset is a set of config values given
+by dotted keys from the config's root: mostly ``algorithm.<option>``, but also the optimizer (``local.lr``,
+FedAvg's ``server.optimizer``) or the federation (``clients``, ``participation``) where the paper's or the
+released code's behaviour depends on them (FedSSA's tuned T_stable only holds in its code's whole setting).
 
 :func:`apply_preset` fills these values into a raw config before it is validated, only where the config does
 not give the key itself. Precedence, lowest first: the schema's defaults < the preset < the config file < the
@@ -42,10 +42,12 @@ PROTOCOL = ("rounds", "clients", "participation", "local.epochs", "model.name")
 
 
 def presets_of(algorithm: str) -> dict[str, Preset]:
-    """The presets of the registered algorithm ``algorithm`` (name -> Preset; empty when it has none)."""
+    """The presets of the registered algorithm ``algorithm`` (name -> Preset; empty when it has none): those
+    its class declares itself, never a base class's (most methods subclass FedAvg, whose presets are FedAvgM
+    and FedAdam; FedGE declares FedGELA's)."""
     from fedpcd.algorithms import ALGORITHMS
 
-    return dict(getattr(ALGORITHMS.get(algorithm), "presets", {}))
+    return dict(vars(ALGORITHMS.get(algorithm)).get("presets", {}))
 
 
 def preset_values(algorithm: str, preset: object) -> dict[str, Any]:

@@ -25,6 +25,14 @@ if TYPE_CHECKING:
     import pandas as pd
 
 METHOD_SECTION = "algorithm"
+
+
+def is_reference(method: str, reference: str) -> bool:
+    """Whether the method label ``method`` is the reference algorithm's: its name, with any options of its
+    own, but not under a preset (``fedavg preset=fedadam`` is FedAdam, compared with FedAvg as any method)."""
+    return method.split()[0] == reference and " preset=" not in method
+
+
 PROTOCOLS = ("last", "best")
 _SCHEME_ORDER = ["iid", "dirichlet", "shards", "pathological", "fedssa", "longtail", "explicit"]
 
@@ -105,7 +113,7 @@ def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
             setting, _setting_sort_key({k: v for k, v in run.config.items() if k != "seed"}, others)
         )
         cells.setdefault((method, setting), []).append(run)
-    ordered_methods = sorted(methods, key=lambda m: (m.split()[0] != reference, m))
+    ordered_methods = sorted(methods, key=lambda m: (not is_reference(m, reference), m))
     ordered_settings = sorted(settings, key=lambda s: settings[s])
     return Grid(ordered_methods, ordered_settings, cells)
 

@@ -70,13 +70,14 @@ def paired_run(run: Run, refs: dict[str, Run]) -> Run | None:
 
 
 def reference_runs(runs: list[Run], algorithm: str) -> dict[str, Run]:
-    """The runs of ``algorithm`` by their setting apart from the algorithm (see ``without_algorithm``)."""
+    """The runs of ``algorithm`` without a preset by their setting apart from the algorithm (see
+    ``without_algorithm``): a preset makes another method (``fedavg preset=fedadam``), paired as any other."""
     names = sorted({r.config["algorithm"]["name"] for r in runs})
     if algorithm not in names:
         raise UserError(f"no runs of algorithm {algorithm!r} to pair with; the runs have: {', '.join(names)}")
     refs: dict[str, Run] = {}
     for run in runs:
-        if run.config["algorithm"]["name"] == algorithm:
+        if run.config["algorithm"]["name"] == algorithm and run.config["algorithm"].get("preset") is None:
             key = without_algorithm(run)
             if key in refs:
                 raise UserError(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from fedpcd.config_identity import run_setting
 from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
-from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, run_value
+from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, is_reference, run_value
 from fedpcd.report.groups import flatten, paired_run, without_algorithm
 from fedpcd.report.read import Run
 from fedpcd.report.stats import last_rounds_phrase, mean_bytes, mean_std, swing
@@ -42,7 +42,7 @@ def _reference_runs(grid: Grid, reference: str) -> dict[str, Run]:
     return {
         without_algorithm(run): run
         for (method, _), members in grid.cells.items()
-        if method.split()[0] == reference
+        if is_reference(method, reference)
         for run in members
     }
 
@@ -56,7 +56,7 @@ def paired_differences(
     refs = _reference_runs(grid, reference)
     out = {}
     for (method, setting), members in grid.cells.items():
-        if method.split()[0] == reference:
+        if is_reference(method, reference):
             continue
         diffs = []
         for run in members:
@@ -222,7 +222,7 @@ def ranking_table(grid: Grid, last: int, reference: str = "fedavg") -> str | Non
             if not rank.get(method):
                 texts += ["-", "-"]
             else:
-                vs = "reference" if method.split()[0] == reference else _separated_text(marks.get(method))
+                vs = "reference" if is_reference(method, reference) else _separated_text(marks.get(method))
                 texts += [f"{mean:.1f} ({len(rank[method])})", vs]
         if any(t != "-" for t in texts):
             rows.append(((*means, method), f"| {method} | " + " | ".join(texts) + " |"))
@@ -339,7 +339,7 @@ def reading(grid: Grid, last: int, reference: str = "fedavg") -> str:
     swings = [
         (value, setting, run.config.get("seed"))
         for (method, setting), members in grid.cells.items()
-        if method.split()[0] == reference
+        if is_reference(method, reference)
         for run in members
         if (value := swing(run.records, GA.key, last)) is not None
     ]
