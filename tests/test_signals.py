@@ -355,10 +355,14 @@ def _without_wall(run: Path) -> list[dict[str, object]]:
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in records]
 
 
-def test_a_pool_worker_starts_with_ctrl_c_ignored_and_this_process_keeps_its_handler():
+def _sigint_blocked() -> bool:
+    return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_a_pool_worker_starts_with_ctrl_c_blocked_and_this_process_keeps_its_handler():
     """Found by benchmarks/chaos.py: a terminal's Ctrl-C while a pool worker still imported torch printed its
-    KeyboardInterrupt traceback. Workers started inside ``starting_children`` start with SIGINT ignored
-    (their initializer then says what Ctrl-C does there)."""
+    KeyboardInterrupt traceback. Workers started inside ``starting_children`` start with SIGINT blocked
+    (their initializer then says what Ctrl-C does there and unblocks it)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -367,9 +371,39 @@ def test_a_pool_worker_starts_with_ctrl_c_ignored_and_this_process_keeps_its_han
     before = signal.getsignal(signal.SIGINT)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         with starting_children():
-            future = pool.submit(signal.getsignal, signal.SIGINT)
-        assert signal.getsignal(signal.SIGINT) is before
-        assert future.result(timeout=60) == signal.SIG_IGN
+            future = pool.submit(_sigint_blocked)
+        assert signal.getsignal(signal.SIGINT) is before and not _sigint_blocked()
+        assert future.result(timeout=60) is True
+
+
+def test_a_ctrl_c_while_a_worker_starts_is_answered_after_the_start():
+    """Found by benchmarks/chaos.py (a SIGINT to a workers-auto run's process group, 12 s in): ``starting_
+    children`` ignored Ctrl-C, so one that came while a pool started a worker was lost and the run went on to
+    its end. Now it is held and raises KeyboardInterrupt as the block ends; the engine's worker initializer
+    unblocks it in the worker (which ignores it: the round loop answers Ctrl-C)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fedpcd.engine.federation import build_federation
+    from fedpcd.engine.pool import _start_worker
+    from fedpcd.launchers import _start_job
+    from fedpcd.procs_guard import starting_children
+    from fedpcd.resolve import load_config
+
+    finished = []
+    with pytest.raises(KeyboardInterrupt), starting_children():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # a Python handler would have run by now
+        finished.append(True)
+    assert finished == [True] and not _sigint_blocked()
+    fed = build_federation(load_config(None, [*TINY, "clients=2"]))
+    context = multiprocessing.get_context("spawn")
+    # the engine's pool worker and the sweep's: each initializer unblocks Ctrl-C
+    for start, args in ((_start_worker, (fed, os.getpid())), (_start_job, (os.getpid(), 1))):
+        with ProcessPoolExecutor(1, mp_context=context, initializer=start, initargs=args) as pool:
+            with starting_children():
+                future = pool.submit(_sigint_blocked)
+            assert future.result(timeout=120) is False, start.__name__
 
 
 def test_a_stop_signal_while_a_worker_starts_waits_for_the_start_then_stops(tmp_path):

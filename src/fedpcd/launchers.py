@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import Any
 
 from fedpcd.errors import STOP_SIGNALS, Terminated, UserError, choices, clip
-from fedpcd.procs_guard import POLL_S, die_with_parent, not_ignored, starting_children
+from fedpcd.procs_guard import POLL_S, die_with_parent, not_ignored, starting_children, unblock_ctrl_c
 
 RunResult = tuple[str, float | None, float]  # run_one's result: folder, summary wall time, seconds
 RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep.run.run_one, handed in (it imports this module)
@@ -140,8 +140,9 @@ def _start_job(parent: int, cores: int) -> None:
 
     keep_datasets(True)
     die_with_parent(parent)
-    for sig in (signal.SIGINT, *not_ignored(STOP_SIGNALS)):  # SIGINT: ignored while it was started
+    for sig in not_ignored(STOP_SIGNALS):
         signal.signal(sig, _worker_signal)
+    unblock_ctrl_c(_worker_signal)  # blocked while it was started
     os.environ[CORES_VAR] = str(cores)
 
 

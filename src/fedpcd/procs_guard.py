@@ -39,28 +39,41 @@ POLL_S = 1.0  # the watchdog's polling interval where there is no parent-death s
 
 @contextlib.contextmanager
 def starting_children() -> Iterator[None]:
-    """The block starts processes (a pool's ``submit``): Ctrl-C is ignored and the stop signals wait for its
-    end. A spawned child starts with SIGINT ignored (Python keeps an ignored SIGINT it inherits), so a
-    terminal's Ctrl-C while it imports torch prints no KeyboardInterrupt traceback from it; its initializer
-    says what Ctrl-C does there afterwards. A Ctrl-C reaching this process inside the block (a fork and exec,
-    milliseconds) is ignored. SIGTERM, SIGHUP and SIGQUIT (those not ignored) are held until the block ends
-    and then handled as usual: raised inside it, they would cut the child's start-up data short, and the
-    child would die with an UnpicklingError traceback on the terminal. Main thread only (elsewhere: no
-    change)."""
+    """The block starts processes (a pool's ``submit``): the stop signals, Ctrl-C among them, wait for its
+    end and are then handled as usual (raised inside it, they would cut a child's start-up data short, and
+    the child would die with an UnpicklingError traceback on the terminal). SIGINT is also blocked in this
+    thread meanwhile, so a spawned child starts with it blocked (the mask survives fork and exec): a
+    terminal's Ctrl-C while it imports torch stays pending there, and prints no traceback, until its
+    initializer has said what Ctrl-C does there (:func:`unblock_ctrl_c`). Ignoring SIGINT instead lost a
+    Ctrl-C that came during the block (found by benchmarks/chaos.py: the run went on to its end). Main
+    thread only (elsewhere: no change)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # started later, it would unblock SIGINT in this thread
     held: list[int] = []
-    stops = [sig for sig in not_ignored(STOP_SIGNALS) if signal.getsignal(sig) is not None]  # None: set in C
-    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in stops}
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    catch = [sig for sig in not_ignored((signal.SIGINT, *STOP_SIGNALS)) if signal.getsignal(sig) is not None]
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in catch}
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending Ctrl-C is answered now
         for sig in dict.fromkeys(held):
             signal.raise_signal(sig)
+
+
+def unblock_ctrl_c(handler: Any) -> None:
+    """In a child started by :func:`starting_children`: SIGINT's ``handler`` from now on, then SIGINT
+    unblocked; a Ctrl-C that came during the start is dropped (it reached this process's parent too, which
+    answers it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a pending SIGINT
+    signal.signal(signal.SIGINT, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def not_ignored(signals: Iterable[int]) -> list[int]:

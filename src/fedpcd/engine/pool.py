@@ -46,7 +46,7 @@ from fedpcd.engine.federation import Federation, set_threads
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.logs import LOGGER
 from fedpcd.models import MODELS
-from fedpcd.procs_guard import die_with_parent, starting_children
+from fedpcd.procs_guard import die_with_parent, starting_children, unblock_ctrl_c
 
 __all__ = ["WorkerDied", "WorkerPool"]
 
@@ -62,7 +62,7 @@ _FEDERATION: Federation | None = None
 
 def _start_worker(fed: Federation, parent: int) -> None:
     global _FEDERATION
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the round loop's: it stops the pool
+    unblock_ctrl_c(signal.SIG_IGN)  # Ctrl-C is the round loop's: it stops the pool
     die_with_parent(parent)
     set_threads(fed.config)
     _FEDERATION = fed
