@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from fedpcd.algorithms.context import Preset
 from fedpcd.algorithms.contract import ALGORITHMS, Algorithm
-from fedpcd.algorithms.presets import Preset
 from fedpcd.algorithms.vectorizable import Vectorizable
 
 # FedOpt's setting (Reddi et al., ICLR 2021, Sec. 5; the appendix's tuned learning rates): the server's step

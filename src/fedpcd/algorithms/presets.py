@@ -22,19 +22,12 @@ but the run is still the preset's method, in another setting (its label names on
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from fedpcd.algorithms.context import Preset
 from fedpcd.errors import UserError, did_you_mean, short
 
-
-@dataclass(frozen=True)
-class Preset:
-    """A named, documented set of config values (``values``: dotted key from the config root -> value)."""
-
-    summary: str
-    values: Mapping[str, Any] = field(default_factory=dict)
-    unset: Mapping[str, str] = field(default_factory=dict)  # a PROTOCOL key it does not set -> why not
+__all__ = ["PROTOCOL", "Preset", "apply_preset", "describe_presets", "preset_values", "presets_of"]
 
 
 # the keys of a preset that give the experiment's federation and budget rather than the method
