@@ -10,6 +10,7 @@ time with the load it was measured at.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
@@ -35,6 +36,26 @@ def cpu_model() -> str:
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min)"
+
+
+def machine_report(before: str) -> dict:
+    """The head of a benchmark's JSON: the date, the CPU and its usable cores, the load ``before`` the run."""
+    cores = len(os.sched_getaffinity(0))
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {"cpu": cpu_model(), "usable_cores": cores},
+        "load_before": before,
+    }
+
+
+def finish(report: dict, path: str, same: bool, what: str) -> None:
+    """The end of a benchmark that checks results: the load now into ``report`` (printed), whether the
+    results were ``same`` (``what`` they are), ``report`` written as JSON to ``path``; exit 1 unless same."""
+    report["load_after"] = load()
+    print(f"load after {report['load_after']}")
+    print(f"{what}: {'yes' if same else 'NO'}")
+    Path(path).write_text(json.dumps(report, indent=1) + "\n")
+    sys.exit(0 if same else 1)
 
 
 def main() -> None:

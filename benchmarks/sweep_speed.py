@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import yaml
-from demo_time import cpu_model, load
+from demo_time import finish, load, machine_report
 
 TARGET = 1.7  # the defaults at least this many times faster than one process
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,10 +103,7 @@ def main() -> None:
     medians = {label: statistics.median(t) for label, t in times.items()}
     ratio = medians["one_process"] / medians["defaults"]
     report = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": {"cpu": cpu_model(), "usable_cores": len(os.sched_getaffinity(0))},
-        "load_before": before,
-        "load_after": load(),
+        **machine_report(before),
         "runs": args.runs,
         "seconds": times,
         "median_s": medians,
@@ -120,10 +117,7 @@ def main() -> None:
         print(f"  {labels[side]:42s} {seconds:7.1f} s")
     verdict = "met" if ratio >= TARGET else "missed"
     print(f"defaults / one process: {ratio:.2f}x (target >= {TARGET}x: {verdict})")
-    print(f"load after {report['load_after']}")
-    print(f"metrics bitwise equal to one process's: {'yes' if same else 'NO'}")
-    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    sys.exit(0 if same else 1)
+    finish(report, args.json, same, "metrics bitwise equal to one process's")
 
 
 if __name__ == "__main__":

@@ -463,6 +463,18 @@ def test_every_registered_algorithm_gives_the_local_numbers_through_flower(tmp_p
     assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
 
 
+@pytest.mark.parametrize("name", ["fedavg", "fedgela"])
+def test_geometry_gives_the_local_angles_through_flower(tmp_path, name, task_identity):
+    """``geometry: true``: each ClientApp sends its personal model's class means with its personal metrics in
+    the last round; the server's angles are the local backend's, bit for bit."""
+    args = SMALL + ["clients=4", "rounds=2", "geometry=true", f"algorithm.name={name}"]
+    run_experiment(load_config(None, args + [f"output_dir={tmp_path / 'local'}"]), progress=False)
+    flower = load_config(None, args + [f"output_dir={tmp_path / 'fl'}", "backend=flower"])
+    serve(InProcessGrid(_nodes(4)), flower, node_timeout=5)
+    assert_same_backend_run(tmp_path / "local", tmp_path / "fl")
+    assert run_records(tmp_path / "fl")[-1]["angle_held"] is not None
+
+
 def test_model_heterogeneous_fedssa_gives_the_local_numbers_through_flower(tmp_path, task_identity):
     """Each node builds its own architecture (cnn1..cnn5 by partition id); only header rows travel."""
     args = [

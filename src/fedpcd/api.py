@@ -293,7 +293,8 @@ def report(
         rounds_to: Add columns R<x>%: the first round at which GA reaches x%.
         swing: Add GA's max - min over the last rounds (``--swing``).
         best: Add each run's best GA over all rounds (``--best``).
-        geometry: Add class-mean angles (``--geometry``; needs the runs' checkpoints).
+        geometry: Add class-mean angles (``--geometry``): those a run recorded (``geometry: true``), else
+            rebuilt from its checkpoint.
         title: A ``# TITLE`` heading on top of the markdown.
         notes: A markdown file put under the title.
 

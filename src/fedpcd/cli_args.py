@@ -181,7 +181,8 @@ def _report_command(sub: Subparsers) -> argparse.ArgumentParser:
         "--geometry",
         action="store_true",
         help="add class-mean angles (FedGELA Fig. 3): global model over all classes, personal models over "
-        "held and missing classes; needs the runs' checkpoints (one extra local update per client)",
+        "held and missing classes; those a run recorded (geometry: true), else rebuilt from its checkpoint "
+        "(one extra local update per client)",
     )
     return parser
 

@@ -95,9 +95,8 @@ class ModelConfig(_Open):
         return self.name if isinstance(self.name, str) else self.name[client % len(self.name)]
 
     def architectures(self, num_clients: int) -> list[str]:
-        """The distinct architectures of a federation of ``num_clients``, in order of first use.
-
-        Never loops over every client: only over the names and the per-client overrides."""
+        """The distinct architectures of ``num_clients`` clients, in order of first use (from the names and
+        the per-client overrides, never a loop over every client)."""
         names = [self.name] if isinstance(self.name, str) else self.name
         first: dict[str, int] = {}
         for j, arch in enumerate(names):  # the first client using names[j]: j, j + len, ... not overridden
@@ -145,9 +144,8 @@ class EngineConfig(_Strict):
     workers: int | Literal["auto"] = Field(
         "auto",
         union_mode="left_to_right",
-        description="Processes training a round's clients: 1 (this process only), N, or auto (the usable "
-        "cores, capped by the clients per round and memory); sequential runs give bitwise the same results "
-        "for any value.",
+        description="Processes training a round's clients: 1, N, or auto (the usable cores, capped by the "
+        "clients per round and memory); a sequential run's results are bitwise the same for any value.",
     )
     threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="Torch threads per process; null: 1.")
     checkpoint_every: int = Field(1, ge=0, description="Rounds between checkpoints (and the last); 0: none.")
@@ -383,10 +381,8 @@ class PrivacyConfig(_Strict):
 
     @field_validator("secagg", mode="before")
     @classmethod
-    def _switch(cls, value: Any) -> Any:
-        if isinstance(value, bool):  # `privacy.secagg=true`: on with the defaults
-            return {} if value else None
-        return value
+    def _switch(cls, value: Any) -> Any:  # `privacy.secagg=true`: on with the defaults
+        return ({} if value else None) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _noise_needs_clip(self) -> PrivacyConfig:
@@ -431,8 +427,7 @@ class Config(_Strict):
         1.0,
         gt=0.0,
         le=1.0,
-        description="Fraction of the clients sampled each round, in (0, 1]: round(participation * clients), "
-        "at least 1.",
+        description="Fraction of the clients sampled each round: round(participation * clients), at least 1.",
     )
     rounds: int = Field(20, ge=1, description="Number of communication rounds.")
     model: ModelConfig = Field(
@@ -459,6 +454,11 @@ class Config(_Strict):
         ge=1,
         description="With personal_test full: the full test set (a pass as costly as local training) every "
         "this many evaluated rounds and in the last, each client's split (PA-split) in the others.",
+    )
+    geometry: bool = Field(
+        False,
+        description="The last round also records the class-mean angles of FedGELA's Fig. 2-3 (angle_all, "
+        "angle_held, angle_missing; fedpcd report --geometry), one pass of features per model.",
     )
     backend: Literal["local", "flower"] = Field(
         "local", description="local: the in-process simulator; flower: the same rounds on Flower."

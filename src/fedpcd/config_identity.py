@@ -33,7 +33,7 @@ def dump_config(config: Config, path: str | Path) -> None:
 
 
 # key -> the value a config.yaml that lacks the key was made with (its default is another now)
-LEGACY_DEFAULTS: dict[str, Any] = {"personal_full_every": 1}
+LEGACY_DEFAULTS: dict[str, Any] = {"personal_full_every": 1, "geometry": False}
 HF_COLUMNS = ("image_column", "label_column")  # dataset keys that count as absent at null
 
 

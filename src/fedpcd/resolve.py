@@ -194,6 +194,7 @@ def resolve(config: Config) -> Config:
     algorithm = algorithm_params(config.algorithm.name, config.algorithm.params())
     _check_min_clients(config)
     _check_secagg(config, algo_cls)
+    _check_geometry(config)
     data = config.to_dict()
     data["partition"] = {"scheme": config.partition.scheme, **partition}
     data["model"] = {"name": config.model.name, "clients": config.model.clients, **model}
@@ -204,6 +205,19 @@ def resolve(config: Config) -> Config:
         return Config.model_validate(data)
     except ValidationError as exc:  # pragma: no cover - defaults always validate
         raise UserError(_one_line(exc, Config)) from None
+
+
+def _check_geometry(config: Config) -> None:
+    """``geometry: true`` compares the class means of one feature space, from models trained one at a time."""
+    if not config.geometry:
+        return
+    if len(config.model.architectures(config.clients)) > 1:
+        raise UserError("geometry: true compares one feature space; model.name/model.clients give several")
+    if config.engine.executor == "vectorized":
+        raise UserError(
+            "geometry: true reads each personal model's features, which engine.executor=vectorized does "
+            "not keep; use engine.executor=sequential (or auto)"
+        )
 
 
 def _one_line(exc: ValidationError, model: type[BaseModel]) -> str:

@@ -241,6 +241,9 @@ ACCURACY_KEYS = (
     *(m.key + suffix for m in PERSONAL for suffix in STATISTICS.values()),
 )
 CLIENT_PA_SPLIT = "client_pa_split"  # a record's PA-split of each kept participant, in the order of "clients"
+# the class-mean angles in degrees (``geometry: true``: the last record; ``fedpcd.engine.metrics``) -> label:
+# the global model over all classes; the personal models over the classes their clients hold / lack
+ANGLES = {"angle_all": "∠all°", "angle_held": "∠held°", "angle_missing": "∠missing°"}
 
 
 def headline(record: dict[str, Any]) -> dict[str, str]:

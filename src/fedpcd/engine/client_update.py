@@ -23,7 +23,7 @@ from fedpcd.algorithms import Algorithm, ClientData, LocalWork
 from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.engine.federation import Federation, to_device
 from fedpcd.engine.guard import NonFiniteError, model_nonfinite
-from fedpcd.engine.metrics import personal_evaluation
+from fedpcd.engine.metrics import personal_evaluation, personal_evaluation_with_means
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.engine.update_policy import settle_reply, state_to_keep
 from fedpcd.errors import UserError
@@ -72,7 +72,11 @@ def run_client(algorithm: Algorithm, fed: Federation, task: ClientTask) -> Clien
         metrics = None
         if task.evaluate:
             predictor = algorithm.personal_predictor(model, work)
-            metrics = personal_evaluation(predictor, data, task.full_test)
+            if config.geometry and task.round == config.rounds:  # and the class means of its angles
+                classes = fed.dataset.num_classes
+                metrics = personal_evaluation_with_means(predictor, model, data, task.full_test, classes)
+            else:
+                metrics = personal_evaluation(predictor, data, task.full_test)
     except UserError:
         raise
     except Exception as exc:  # one client's failure is the round's business (engine/guard.py)

@@ -8,7 +8,7 @@ round's participants. One client's round is ``fedpcd.engine.client_update``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +18,25 @@ from torch import nn
 
 from fedpcd import seeds
 from fedpcd.algorithms import Algorithm, ClientData, Context, build_algorithm
+from fedpcd.algorithms.readout import feature_map
 from fedpcd.algorithms.statedict import param_names
 from fedpcd.config import Config
 from fedpcd.data.datasets import load_configured
 from fedpcd.data.partition import Partition, make_partition
 from fedpcd.data.tensors import Dataset
-from fedpcd.engine.metrics import accuracy, per_class_accuracy, predict
+from fedpcd.engine.metrics import (
+    CLASS_MEANS,
+    accuracy,
+    feature_means,
+    held_missing_angles,
+    mean_angle,
+    mean_of_angles,
+    per_class_accuracy,
+    predict,
+)
 from fedpcd.errors import UserError
 from fedpcd.models import build_model
+from fedpcd.run_format import ANGLES
 
 
 @dataclass
@@ -235,6 +246,32 @@ def global_evaluation(
         for name, extra_predictor in algorithm.extra_global_predictors(model, server)
     }
     return ga, classes, extra
+
+
+def class_mean_angles(
+    algorithm: Algorithm,
+    model: nn.Module,
+    fed: Federation,
+    server: dict[str, Any],
+    metrics: Sequence[tuple[int, dict[str, Any] | None]],
+) -> dict[str, float | None]:
+    """``geometry: true``'s angles in degrees (``fedpcd.run_format.ANGLES``; definitions in
+    ``fedpcd.engine.metrics``): the global model's over all classes (one pass of its features over the test
+    set; None without a global model), and the mean over the participants (``metrics``: (client, personal
+    metrics) pairs, each with the personal model's class means) of their held and missing angles."""
+    angle_all = None
+    predictor = algorithm.global_predictor(model, server)
+    if predictor:
+        model.eval()
+        features = feature_map(predictor, model)
+        angle_all = mean_angle(feature_means(features, _test_x(fed), _test_y(fed), fed.dataset.num_classes))
+    pairs = [
+        held_missing_angles(m[CLASS_MEANS], fed.clients[k].label_counts)
+        for k, m in metrics
+        if m is not None and CLASS_MEANS in m
+    ]
+    held, missing = mean_of_angles([p[0] for p in pairs]), mean_of_angles([p[1] for p in pairs])
+    return dict(zip(ANGLES, (angle_all, held, missing), strict=True))
 
 
 def _test_x(fed: Federation) -> torch.Tensor:

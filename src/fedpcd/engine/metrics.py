@@ -11,6 +11,13 @@
 - PA-G_k: the personal model's accuracy on the full test set (on a balanced test set, the mean of row k of
   A): the "GA" that FedRoD's and FedGELA's papers report for methods without a global model ("the averaged
   accuracy of all best local models on the global test dataset", FedGELA section 5.1).
+- Class-mean angles (``geometry: true``, the last round; FedGELA's Fig. 2, 3a-b, 5): mu_c is the mean feature
+  of class c's test samples; angles are taken between the centred means mu_c - mean_c' mu_c' (the
+  neural-collapse convention: a simplex ETF has every pairwise angle arccos(-1/(C-1)), 96.4 degrees for
+  C = 10; uncentred ReLU features would always sit below 90), with the centre of all C classes for subsets
+  too. ``angle_all``: the global model, over all class pairs (Fig. 3a); ``angle_held`` / ``angle_missing``:
+  each participant's personal model over pairs of the classes it holds / lacks, then the mean over clients
+  (Fig. 3b, Fig. 2).
 Across clients each is reported as the unweighted mean, the train-sample-weighted mean and the mean of
 the worst 10% of clients (at least one client). Their keys and labels: `fedpcd.run_format.METRICS`.
 """
@@ -24,6 +31,7 @@ import torch
 from torch import Tensor
 
 from fedpcd.algorithms.context import ClientData
+from fedpcd.algorithms.readout import feature_map
 from fedpcd.models import FedModel
 from fedpcd.run_format import PA_G, PA_L, PA_SPLIT, PA_V
 
@@ -216,6 +224,137 @@ def personal_evaluation(predictor: Predictor, data: ClientData, full: bool) -> d
     split = data.local_test_idx
     pred = predict(predictor, data.test_x[split]) if len(split) else split
     return split_metrics(pred, data.test_y[split])
+
+
+@torch.no_grad()
+def class_means(features: Tensor, labels: Tensor, num_classes: int) -> Tensor:
+    """The mean feature of each class, in one pass over the features (a scatter-add by label).
+
+    Args:
+        features: The features of the samples, [n, d].
+        labels: Their classes, [n], in [0, num_classes).
+        num_classes: The number of classes C.
+
+    Returns:
+        [C, d] float64, on the features' device; NaN rows for classes without samples.
+    """
+    sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float64, device=features.device)
+    sums.index_add_(0, labels, features.to(torch.float64))
+    counts = torch.bincount(labels, minlength=num_classes).to(torch.float64)
+    return sums / counts.unsqueeze(1)
+
+
+@torch.no_grad()
+def feature_means(
+    features: Predictor, x: Tensor, y: Tensor, num_classes: int, batch_size: int = 512
+) -> Tensor:
+    """[`class_means`][fedpcd.engine.metrics.class_means] of a feature map over ``x``: one batched pass.
+
+    Args:
+        features: Inputs to features (``fedpcd.algorithms.readout.feature_map``), its model in eval mode.
+        x: The inputs, [n, ...].
+        y: Their labels, [n].
+        num_classes: The number of classes C.
+        batch_size: The inputs per forward pass.
+
+    Returns:
+        [C, d] float64: the mean feature of each class (NaN rows for classes without samples).
+    """
+    feats = torch.cat([features(x[i : i + batch_size]).flatten(1) for i in range(0, len(x), batch_size)])
+    return class_means(feats, y, num_classes)
+
+
+def mean_angle(means: Tensor, classes: Tensor | None = None) -> float | None:
+    """The mean pairwise angle between centred class means (see the module doc).
+
+    Args:
+        means: [C, d] class means; NaN rows (classes without samples) are left out.
+        classes: The classes whose pairs count (a bool mask or an index tensor); default all. The centre is
+            the mean over all classes either way.
+
+    Returns:
+        The mean angle in degrees; None for fewer than two classes.
+    """
+    valid = ~means.isnan().any(1)
+    centred = means - means[valid].mean(0, keepdim=True)
+    chosen = centred if classes is None else centred[classes]
+    chosen = chosen[~chosen.isnan().any(1)]
+    if chosen.shape[0] < 2:
+        return None
+    unit = chosen / chosen.norm(dim=1, keepdim=True)
+    cos = (unit @ unit.T).clamp(-1.0, 1.0)
+    pairs = torch.triu_indices(len(unit), len(unit), offset=1)
+    return float(torch.rad2deg(torch.arccos(cos[pairs[0], pairs[1]])).mean())
+
+
+def held_missing_angles(means: Tensor, label_counts: Tensor) -> tuple[float | None, float | None]:
+    """A personal model's (held, missing) angles: [`mean_angle`][fedpcd.engine.metrics.mean_angle] over the
+    classes its client holds (``label_counts > 0``) and over those it lacks.
+
+    Args:
+        means: The personal model's [C, d] class means on the full test set.
+        label_counts: The client's number of training samples of each class, [C].
+
+    Returns:
+        (held angle, missing angle) in degrees, each None for fewer than two such classes.
+    """
+    present = label_counts.to(means.device) > 0
+    return mean_angle(means, present), mean_angle(means, ~present)
+
+
+def mean_of_angles(values: Sequence[float | None]) -> float | None:
+    """The mean of angles over clients.
+
+    Args:
+        values: Each client's angle in degrees; None or NaN leaves the client out.
+
+    Returns:
+        Their mean; None when no client has one.
+    """
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
+CLASS_MEANS = "class_means"  # a personal metric of the last round with ``geometry: true``: [C, d] means
+
+
+def personal_evaluation_with_means(
+    predictor: Predictor, model: torch.nn.Module, data: ClientData, full: bool, num_classes: int
+) -> dict:
+    """[`personal_evaluation`][fedpcd.engine.metrics.personal_evaluation] and, under ``CLASS_MEANS``, the
+    personal model's [C, d] class means on the full test set in the feature space its classifier reads
+    (``fedpcd.algorithms.readout.feature_map``): what its client's held and missing angles are taken from.
+
+    Where the predictor is the model itself and the full test set is scored, the features are the inputs of
+    its head in that same pass (``forward = head(features)``); else they take one more pass.
+
+    Args:
+        predictor: The client's personal predictor over ``model``.
+        model: The client's model as its local update left it.
+        data: The client's data (the full test set).
+        full: Score the full test set (see ``personal_evaluation``).
+        num_classes: The number of classes C.
+
+    Returns:
+        The metrics by `fedpcd.run_format.PERSONAL` key, and the class means (float64, NaN rows for classes
+            without test samples).
+    """
+    inputs: list[Tensor] = []
+    shared = full and predictor is model and isinstance(model, FedModel)
+    hook = model.head.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) if shared else None
+    try:
+        metrics = personal_evaluation(predictor, data, full)
+    finally:
+        if hook is not None:
+            hook.remove()
+    if shared and sum(len(x) for x in inputs) == len(data.test_y):
+        features = torch.cat([x.flatten(1) for x in inputs])
+        metrics[CLASS_MEANS] = class_means(features, data.test_y, num_classes)
+    else:
+        model.eval()
+        means = feature_means(feature_map(predictor, model), data.test_x, data.test_y, num_classes)
+        metrics[CLASS_MEANS] = means
+    return metrics
 
 
 def summarize(values: Sequence[float | None], weights: Sequence[float]) -> dict[str, float | None]:

@@ -35,7 +35,7 @@ from fedpcd.engine.checkpoint import (
     restore_rng,
 )
 from fedpcd.engine.executor import Executor, StatesUnavailable
-from fedpcd.engine.federation import Federation, global_evaluation, sample_clients
+from fedpcd.engine.federation import Federation, class_mean_angles, global_evaluation, sample_clients
 from fedpcd.engine.guard import check_server
 from fedpcd.engine.metrics import balanced_accuracy
 from fedpcd.engine.privacy import add_noise, dp_epsilon
@@ -164,10 +164,15 @@ def play_round(
     if not evaluate:
         return server, None, time.perf_counter() - t0
     ga, ga_classes, extra = global_evaluation(algorithm, fed.model_for(0), fed, server)
+    angles = {}
+    if config.geometry and rnd == config.rounds:  # the class-mean angles (fedpcd.engine.metrics)
+        personal = [(r.client, r.metrics) for r in kept]
+        angles = class_mean_angles(algorithm, fed.model_for(0), fed, server, personal)
     wall = time.perf_counter() - t0
     up, down = sum(r.bytes_up for r in results), sum(r.bytes_down for r in results)
     record = round_record(rnd, ga, kept, kept_ids, up, down, wall, extra, ga_classes)
     record[GA_BALANCED.key] = None if ga_classes is None else balanced_accuracy(ga_classes)
+    record.update(angles)
     if len(kept) < len(results):
         record["left_out"] = sorted({*screened.failed, *screened.diverged})
     if config.privacy.clip is not None:

@@ -2,7 +2,8 @@
 each metric the mean over a run's last evaluated rounds, then mean ± std over seeds
 (``fedpcd.report.stats``); optional columns: paired differences to a reference algorithm, the GA swing, the
 best GA, the first round reaching a GA target, and the class-mean angles of FedGELA's Fig. 3
-(``fedpcd.report.geometry``, imported only when asked: it needs torch and the data)."""
+(recorded by ``geometry: true``, else rebuilt by ``fedpcd.report.geometry``, imported only then: it needs
+torch and the data)."""
 
 from __future__ import annotations
 
@@ -22,24 +23,29 @@ from fedpcd.report.stats import (
     rounds_to_target,
     swing,
 )
-from fedpcd.run_format import GA, HEADLINE, REPORTED, RunFiles
+from fedpcd.run_format import ANGLES, GA, HEADLINE, REPORTED, RunFiles
 
-# run_geometry's angles: the global model over all classes; personal models over held / missing classes
-GEOMETRY_COLUMNS = {"angle_all": "∠all°", "angle_held": "∠held°", "angle_missing": "∠missing°"}
 TRAFFIC = ["kB up/rnd", "kB down/rnd"]  # mean bytes per round, all participants together
 
 
 def all_geometries(runs: list[Run]) -> dict[Path, dict[str, float | None]]:
-    """``run_geometry`` of every run that kept its checkpoint, with a progress bar (a local update per client
-    and run: minutes for a large folder)."""
-    from tqdm import tqdm
+    """Each run's class-mean angles: those its last record holds (``geometry: true``), else
+    ``run_geometry``'s from its checkpoint (a local update per client and run: minutes for a large folder,
+    with a progress bar); a run with neither has none."""
+    recorded = {r.path: {k: r.records[-1][k] for k in ANGLES} for r in runs if _has_angles(r)}
+    rebuilt = [r.path for r in runs if r.path not in recorded and RunFiles(r.path).checkpoint.exists()]
+    if rebuilt:
+        from tqdm import tqdm
 
-    from fedpcd.report.geometry import run_geometry  # torch and the data: only when asked
+        from fedpcd.report.geometry import run_geometry  # torch and the data: only when needed
 
-    with_checkpoint = [r.path for r in runs if RunFiles(r.path).checkpoint.exists()]
-    return {
-        p: run_geometry(p) for p in tqdm(with_checkpoint, desc="class-mean angles", unit="run", leave=False)
-    }
+        for path in tqdm(rebuilt, desc="class-mean angles", unit="run", leave=False):
+            recorded[path] = run_geometry(path)
+    return recorded
+
+
+def _has_angles(run: Run) -> bool:
+    return bool(run.records) and all(key in run.records[-1] for key in ANGLES)
 
 
 def report_table(
@@ -57,8 +63,8 @@ def report_table(
     (``reference_runs``), mean ± std over the paired seeds, in points; ``with_swing``, a "GA swing" column
     (``swing`` over the same last rounds, mean ± std over seeds); ``with_best``, a "GA best" column (the
     highest GA of each run over all its rounds, mean ± std over seeds: the protocol of FedGELA's code and of
-    papers that report the best round); ``geometry``, the class-mean angles of
-    ``fedpcd.report.geometry.run_geometry`` in degrees (runs without a checkpoint are left out of them)."""
+    papers that report the best round); ``geometry``, the class-mean angles in degrees
+    (:func:`all_geometries`: runs with neither recorded angles nor a checkpoint are left out of them)."""
     for x in rounds_to:
         if not 0.0 < x <= 100.0:
             raise UserError(f"rounds-to target {x:g} is not a GA percentage in (0, 100]")
@@ -74,7 +80,7 @@ def report_table(
         *deltas,
         *(["GA swing"] if with_swing else []),
         *(["GA best"] if with_best else []),
-        *(GEOMETRY_COLUMNS.values() if geometry else []),
+        *(ANGLES.values() if geometry else []),
         *targets,
         "rounds",
         *TRAFFIC,
@@ -106,7 +112,7 @@ def report_table(
             cells.append(mean_std([max(v) for v in every if v]))
         if geometry:
             angles = [geometries[r.path] for r in members if r.path in geometries]
-            for key in GEOMETRY_COLUMNS:
+            for key in ANGLES:
                 cells.append(mean_std([a[key] for a in angles if a[key] is not None], scale=1.0))
         for x in rounds_to:
             cells.append(rounds_cell([rounds_to_target(r.records, GA.key, x / 100) for r in members]))
