@@ -17,6 +17,7 @@ from fedpcd.engine.federation import build_federation
 from fedpcd.engine.metrics import (
     CLASS_MEANS,
     class_means,
+    feature_means,
     held_missing_angles,
     mean_angle,
     personal_evaluation,
@@ -223,3 +224,17 @@ def test_the_evaluation_pass_gives_the_class_means_of_a_features_pass(dataset, m
         shared.pop(CLASS_MEANS), second_pass.pop(CLASS_MEANS), rtol=0, atol=0, equal_nan=True
     )
     assert shared == second_pass == personal_evaluation(model, data, True)
+
+
+@pytest.mark.parametrize("name", ["fedgela", "fednh"])
+def test_a_readout_with_a_head_gives_its_predictions_and_class_means_in_one_pass(name):
+    """FedGELA's and FedNH's readouts: their logits are their head on their features, so the one-pass
+    predictions are predict's and the class means those of a pass of the readout's features."""
+    fed = build_federation(load_config(None, [*SMALL, f"algorithm.name={name}"]))
+    algo, model, data = fed.new_algorithm(), fed.model_for(0, fresh=True), fed.clients[0]
+    readout = algo.global_predictor(model, algo.init_server(model))
+    assert readout.head is not None
+    shared = personal_evaluation_with_means(readout, model, data, True, fed.dataset.num_classes)
+    means = feature_means(feature_map(readout, model), data.test_x, data.test_y, fed.dataset.num_classes)
+    torch.testing.assert_close(shared.pop(CLASS_MEANS), means, rtol=0, atol=0, equal_nan=True)
+    assert shared == personal_evaluation(readout, data, True)

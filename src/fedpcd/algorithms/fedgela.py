@@ -334,7 +334,7 @@ class FedGELA(FedAvg):
         """Generic model: aggregated backbone + plain ETF (phi = 1, all classes)."""
         load_backbone(model, server["model"])
         tensors = {"etf": server["etf"], "proj": server["proj"]}
-        return Readout(model, self.generic_readout, tensors, features=self.feature_readout)
+        return Readout(model, self.generic_readout, tensors, self.feature_readout, self.generic_head)
 
     # ----- client -----
     def begin_local(self, model: nn.Module, data: ClientData, work: LocalWork) -> None:
@@ -390,21 +390,27 @@ class FedGELA(FedAvg):
             "phi": state["phi"],
             "present": state["present"],
         }
-        return Readout(model, self.personal_readout, tensors, features=self.feature_readout)
+        return Readout(model, self.personal_readout, tensors, self.feature_readout, self.personal_head)
 
-    # ----- the predictors' readouts (``Readout``) -----
+    # ----- the predictors' readouts (``Readout``): logits = head(h_hat) -----
     def generic_readout(self, model: nn.Module, x: Tensor, tensors: dict[str, Any]) -> Tensor:
         """s * m_c^T h_hat: the plain ETF over all classes."""
-        return self.logits(self.embed(model, x, tensors["proj"]), tensors["etf"])
+        return self.generic_head(self.feature_readout(model, x, tensors), tensors)
 
     def personal_readout(self, model: nn.Module, x: Tensor, tensors: dict[str, Any]) -> Tensor:
         """s * phi_k,c * m_c^T h_hat, -inf for the classes the client lacks."""
-        z = self.logits(self.embed(model, x, tensors["proj"]), tensors["etf"], tensors["phi"])
-        return z.masked_fill(~tensors["present"].to(z.device), float("-inf"))
+        return self.personal_head(self.feature_readout(model, x, tensors), tensors)
 
     def feature_readout(self, model: nn.Module, x: Tensor, tensors: dict[str, Any]) -> Tensor:
         """h_hat of the backbone (and projection): what the ETF classifies."""
         return self.embed(model, x, tensors["proj"])
+
+    def generic_head(self, h_hat: Tensor, tensors: dict[str, Any]) -> Tensor:
+        return self.logits(h_hat, tensors["etf"])
+
+    def personal_head(self, h_hat: Tensor, tensors: dict[str, Any]) -> Tensor:
+        z = self.logits(h_hat, tensors["etf"], tensors["phi"])
+        return z.masked_fill(~tensors["present"].to(z.device), float("-inf"))
 
 
 @ALGORITHMS.register("fedge")

@@ -332,9 +332,8 @@ class FedNH(FedAvg):
     def global_predictor(self, model: nn.Module, server: dict[str, Any]) -> Predictor | None:
         """GM = (theta^{t+1}, s^{t+1}, W^{t+1}) (Alg. 1)."""
         load_backbone(model, server["model"])
-        return Readout(
-            model, prototype_logits, {"prototypes": server["prototypes"], "scale": server["scale"]}
-        )
+        tensors = {"prototypes": server["prototypes"], "scale": server["scale"]}
+        return Readout(model, prototype_logits, tensors, head=prototype_head)
 
     # ----- client -----
     # ClientUpdate (Alg. 1 lines 11-15) is FedAvg's local_update: ``begin_local``, E epochs on Eq. (2) with
@@ -376,11 +375,14 @@ class FedNH(FedAvg):
 
     def personal_predictor(self, model: nn.Module, work: LocalWork) -> Predictor:
         """Latest local body and s_k with W^t, the prototypes it trained against (Sec. 4.1), not W^{t+1}."""
-        return Readout(
-            model, prototype_logits, {"prototypes": work.received["prototypes"], "scale": work.scale.detach()}
-        )
+        tensors = {"prototypes": work.received["prototypes"], "scale": work.scale.detach()}
+        return Readout(model, prototype_logits, tensors, head=prototype_head)
 
 
 def prototype_logits(model: nn.Module, x: Tensor, tensors: dict[str, Tensor]) -> Tensor:
     """Eq. (2)'s cosine logits of the body's features against ``tensors``' prototypes and scale."""
-    return cosine_logits(model.features(x), tensors["prototypes"], tensors["scale"])
+    return prototype_head(model.features(x), tensors)
+
+
+def prototype_head(features: Tensor, tensors: dict[str, Tensor]) -> Tensor:
+    return cosine_logits(features, tensors["prototypes"], tensors["scale"])

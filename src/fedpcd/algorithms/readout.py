@@ -1,5 +1,5 @@
 """Predictors that are a model's weights plus a few tensors, and the feature space a predictor's classifier
-reads (``fedpcd report --geometry``)."""
+reads (the class-mean angles: ``geometry: true``, ``fedpcd report --geometry``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from fedpcd.algorithms.contract import Predictor
 
 TensorLogits = Callable[[nn.Module, Tensor, dict[str, Any]], Tensor]
+FeatureLogits = Callable[[Tensor, dict[str, Any]], Tensor]
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,15 @@ class Readout:
     Returned by ``personal_predictor`` (or ``global_predictor``) instead of a closure, it exposes its tensors
     (the vectorized executor stacks the clients' ``tensors`` and evaluates them at once; ``logits`` must be
     tensor code); ``features`` (default: ``model.features``) is what its classifier reads, the feature space
-    of ``fedpcd report --geometry`` (FedGELA: the projected h)."""
+    of the class-mean angles (``geometry: true``; FedGELA: the projected h); ``head``, where given, is that
+    classifier: ``logits(model, x, tensors)`` is ``head(features(model, x, tensors), tensors)`` op for op, so
+    that one pass gives a run's last predictions and their features."""
 
     model: nn.Module
     logits: TensorLogits
     tensors: dict[str, Any]
     features: TensorLogits | None = None
+    head: FeatureLogits | None = None
 
     def __call__(self, x: Tensor) -> Tensor:
         self.model.eval()

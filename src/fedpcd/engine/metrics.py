@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from fedpcd.algorithms.context import ClientData
-from fedpcd.algorithms.readout import feature_map
+from fedpcd.algorithms.readout import Readout, feature_map
 from fedpcd.models import FedModel
 from fedpcd.run_format import PA_G, PA_L, PA_SPLIT, PA_V
 
@@ -325,8 +325,9 @@ def personal_evaluation_with_means(
     personal model's [C, d] class means on the full test set in the feature space its classifier reads
     (``fedpcd.algorithms.readout.feature_map``): what its client's held and missing angles are taken from.
 
-    Where the predictor is the model itself and the full test set is scored, the features are the inputs of
-    its head in that same pass (``forward = head(features)``); else they take one more pass.
+    Where the full test set is scored and the predictor is the model itself (``forward = head(features)``)
+    or a ``Readout`` with a ``head``, the features come from that same pass (the head's inputs); else they
+    take one more pass.
 
     Args:
         predictor: The client's personal predictor over ``model``.
@@ -339,6 +340,11 @@ def personal_evaluation_with_means(
         The metrics by `fedpcd.run_format.PERSONAL` key, and the class means (float64, NaN rows for classes
             without test samples).
     """
+    if full and isinstance(predictor, Readout) and predictor.head is not None and predictor.model is model:
+        pred, features = _readout_pass(predictor, data.test_x)
+        metrics = personal_metrics(pred, data.test_y, data.local_test_idx, data.label_counts)
+        metrics[CLASS_MEANS] = class_means(features, data.test_y, num_classes)
+        return metrics
     inputs: list[Tensor] = []
     shared = full and predictor is model and isinstance(model, FedModel)
     hook = model.head.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) if shared else None
@@ -355,6 +361,17 @@ def personal_evaluation_with_means(
         means = feature_means(feature_map(predictor, model), data.test_x, data.test_y, num_classes)
         metrics[CLASS_MEANS] = means
     return metrics
+
+
+@torch.no_grad()
+def _readout_pass(readout: Readout, x: Tensor, batch_size: int = 512) -> tuple[Tensor, Tensor]:
+    """(predicted classes, features) of a readout with a ``head``: per batch its features, then its head
+    on them; the predictions are ``predict``'s (the readout's logits are that head on those features)."""
+    features = feature_map(readout, readout.model)
+    readout.model.eval()
+    feats = [features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
+    pred = torch.cat([readout.head(f, readout.tensors).argmax(1) for f in feats])
+    return pred, torch.cat([f.flatten(1) for f in feats])
 
 
 def summarize(values: Sequence[float | None], weights: Sequence[float]) -> dict[str, float | None]:
