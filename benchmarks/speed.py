@@ -682,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
+    from demo_time import load, machine_report  # beside this file
+
+    head = machine_report(load())
     torch.set_num_threads(args.threads)
     register_synthetic32()
     clients = args.clients or ([4] if args.quick else [10, 50, 100])
@@ -726,7 +729,8 @@ def main(argv: list[str] | None = None) -> int:
     print("overall: " + ("PASS" if ok else "FAIL"))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"rows": rows, "side_by_side": side, "pass": ok, "misses": misses}, fh, indent=2)
+            report = {**head, "load_after": load(), "rows": rows, "side_by_side": side}
+            json.dump({**report, "pass": ok, "misses": misses}, fh, indent=2)
     return 1 if args.strict and not ok else 0
 
 

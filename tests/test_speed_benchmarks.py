@@ -20,7 +20,8 @@ def _load(name: str) -> ModuleType:
     return module
 
 
-def test_speed_quick_runs_and_reports(tmp_path, capsys):
+def test_speed_quick_runs_and_reports(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # speed.py reads the machine with demo_time.py beside it
     speed = _load("speed")
     out = tmp_path / "speed.json"
     assert speed.main(["--quick", "--json", str(out)]) == 0
