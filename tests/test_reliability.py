@@ -238,6 +238,22 @@ def _poison(monkeypatch, client: int, rnd: int, how: str = "loss") -> None:
     monkeypatch.setattr(FedAvg, "local_update", local_update)
 
 
+@pytest.mark.parametrize(
+    ("args", "rates"),
+    [
+        (["algorithm.name=fedavg"], "local.lr (now 0.01)"),
+        (["algorithm.name=pfedme"], "local.lr (now 0.01) or algorithm.personal_lr (now 0.1)"),
+        (["algorithm.name=ditto", "local.lr=0.05"], "local.lr (now 0.05)"),
+    ],
+)
+def test_the_divergence_hint_names_the_algorithms_own_learning_rates(args, rates):
+    """pFedMe's inner steps run at its personal_lr: a divergence says to lower that too."""
+    from fedpcd.engine.guard import _fix_hint
+
+    hint = _fix_hint(load_config(None, ["local.lr=0.01", *args]))
+    assert hint.startswith(f"lower {rates}, set local.grad_clip (e.g. 10) or set engine.on_divergence=drop")
+
+
 @pytest.mark.parametrize("how", ["loss", "weights", "svd"])
 def test_injected_nan_stops_the_run_naming_round_client_and_algorithm(tmp_path, monkeypatch, capsys, how):
     _poison(monkeypatch, client=1, rnd=2, how=how)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,9 +103,16 @@ class Screened:
 
 
 def _fix_hint(config: Config) -> str:
+    """What to change: the learning rates (local.lr and the algorithm's own, e.g. pFedMe's personal_lr), the
+    gradient clip, and (when it stops the run) engine.on_divergence."""
     clip = config.local.grad_clip
+    own = [
+        f"algorithm.{key} (now {value:g})"
+        for key, value in config.algorithm.params().items()
+        if re.search(r"(^|_)lr(_|$)", key) and isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]
     hints = [
-        f"lower local.lr (now {config.local.lr:g})",
+        f"lower {' or '.join([f'local.lr (now {config.local.lr:g})', *own])}",
         "set local.grad_clip (e.g. 10)" if clip is None else f"lower local.grad_clip (now {clip:g})",
     ]
     if config.engine.on_divergence == "stop":
