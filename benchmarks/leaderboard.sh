@@ -6,7 +6,7 @@
 # with its figures under docs/leaderboard/, so the page can be rebuilt anywhere without rerunning and
 # benchmarks/render_docs.py renders it from the archive (the tests compare it byte for byte).
 # A cell shows how many seeds it has where that is fewer than the fullest cell's.
-#   usage: benchmarks/leaderboard.sh [JOBS]          (287 runs per seed: hours on a CPU)
+#   usage: benchmarks/leaderboard.sh [JOBS]          (294 runs per seed: hours on a CPU)
 # To continue on another machine, first copy the archive back:
 #   mkdir -p runs/leaderboard && cp -r docs/results/runs/leaderboard-fmnist runs/leaderboard/fmnist
 set -euo pipefail
