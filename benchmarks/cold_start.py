@@ -7,15 +7,16 @@ Python's bin/, against `python -c pass` (the interpreter's own start) measured i
 interleaved so that a change of load touches every command alike; `python -c "import torch"` is timed
 alike for comparison. Prints the machine, the load average before and after, and each command's median in
 seconds and as a ratio to `python -c pass`, marking those above the target of ``TARGET`` times it. `fedpcd
-list NAME` of an algorithm and `fedpcd config show` import torch (the algorithm's module; the model built
-on torch's meta device).
+list NAME` reads the shipped components' descriptions as rendered (src/fedpcd/descriptions.json); `fedpcd
+config show` imports torch (the algorithm's module; the model built on torch's meta device).
 
-    python benchmarks/cold_start.py          # its output here: docs/performance/cold_start.txt
+X
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -24,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from demo_time import cpu_model, load
+from demo_time import cpu_model, load, machine_report
 
 REPEATS = 5
 TARGET = 40  # a command's median at most this many times `python -c pass`
@@ -57,16 +58,21 @@ def seconds(argv: list[str], cwd: str) -> float:
     return wall
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--repeats", type=int, default=REPEATS, help=f"timed runs of each (default {REPEATS})"
     )
-    repeats = parser.parse_args().repeats
+    parser.add_argument(
+        "--json", default="docs/performance/cold_start.json", help="where the figures go (JSON)"
+    )
+    args = parser.parse_args(argv)
+    repeats = args.repeats
     fedpcd = str(Path(sys.executable).parent / "fedpcd")
     print(f"machine: {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), {cpu_model()}")
     print(f"niceness: {os.nice(0)}")
-    print(f"load average before: {load()}")
+    before = load()
+    print(f"load average before: {before}")
     cmds = commands(fedpcd)
     times: dict[str, list[float]] = {label: [] for label in cmds}
     with tempfile.TemporaryDirectory(prefix="fedpcd-cold-start-") as cwd:
@@ -75,13 +81,19 @@ def main() -> None:
         for _ in range(repeats):
             for label, argv in cmds.items():
                 times[label].append(seconds(argv, cwd))
-    print(f"load average after: {load()}")
+    after = load()
+    print(f"load average after: {after}")
     medians = {label: statistics.median(values) for label, values in times.items()}
     reference = next(iter(medians.values()))
     print(f"median of {repeats} runs each, and as a ratio to the first (the interpreter's start):")
     for label, median in medians.items():
         over = f"  above the target of {TARGET} x" if median / reference > TARGET else ""
         print(f"  {label:<38} {median:6.2f} s  {median / reference:6.2f} x{over}")
+    rows = [{"command": label, "seconds": m, "ratio": m / reference} for label, m in medians.items()]
+    report = {**machine_report(before), "load_after": after, "niceness": os.nice(0), "repeats": repeats}
+    report.update(target=TARGET, count=len(rows), rows=rows)
+    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

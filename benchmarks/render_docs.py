@@ -31,6 +31,8 @@ directive:
   `benchmarks/leaderboard.sh` writes them.
 - ``{{ bench("speed.json", "rows.0.ratio", 2) }}``: a number from a benchmark's archived JSON.
 - ``{{ scale.MIN_SEEDS }}``, ``scale.critical_t(n)``: the verdict scale's constants (fedpcd.report.verdict).
+- ``{{ descriptions() }}``: src/fedpcd/descriptions.json, what ``fedpcd list NAME`` says of every shipped
+  component (``fedpcd.components.shipped_descriptions``), read by the command without importing torch.
 
 A paired claim whose runs were not all made by one clean commit (summary.json's code record) renders its
 numbers but refuses ``verdict`` and ``says`` (naming the runs); a folder holding the same config twice
@@ -61,6 +63,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from fedpcd.components import shipped_descriptions
 from fedpcd.labels import run_label
 from fedpcd.report import verdict as verdict_scale
 from fedpcd.report.document import write_report
@@ -83,6 +86,7 @@ PAGES = [
     "docs/leaderboard.md",
     "docs/leaderboard/cells.csv",
     "docs/performance.md",
+    "src/fedpcd/descriptions.json",  # what `fedpcd list NAME` prints without importing torch
     *(
         f"docs/results/{name}.md"
         for name in (
@@ -707,6 +711,7 @@ def environment(repo: Path) -> jinja2.Environment:
         bench=lambda name, path, decimals=None: bench(repo, name, path, decimals),
         bench_value=lambda name, path: float(bench(repo, name, path)),
         scale=verdict_scale,
+        descriptions=shipped_descriptions,
     )
     env.filters.update(f=_fixed, s=_signed)
     return env

@@ -5,16 +5,19 @@ each command its exit code and whether torch is in ``sys.modules``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from fedpcd.catalog import HOMES, registry
 from fedpcd.cli import main
 from fedpcd.cli_args import build_parser
+from fedpcd.components import describe, shipped_descriptions
 
 # runs each argv of the JSON list in argv[1] through fedpcd's main, then prints [argv, exit code, torch?]
 RUNNER = """
@@ -64,6 +67,8 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
         (["list", "fedfoo"], 2),
         (["list", "dirichlet"], 0),
         (["list", "flwr:shard"], 0),
+        (["list", "fedavg"], 0),
+        (["list", "simplecnn"], 0),
     ]
     results = _run([argv for argv, _ in expected], tmp_path)
     assert [(argv, code) for argv, code, _ in results] == [(argv, code) for argv, code in expected]
@@ -71,11 +76,57 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     assert (tmp_path / "fedpcd.yaml").is_file()
 
 
+SHIPPED = ["fedavg", "fedgela", "simplecnn", "fmnist", "dirichlet"]  # an algorithm with presets, a model, ...
+
+
 @pytest.mark.slow
-def test_the_registries_still_load_after_a_light_start(tmp_path):
-    """`fedpcd list NAME` of an algorithm imports what it describes (its module, torch with it)."""
-    results = _run([["list", "configs"], ["list"], ["list", "fedavg"]], tmp_path)
-    assert [(code, torch) for _, code, torch in results] == [(0, False), (0, False), (0, True)]
+def test_list_name_of_a_shipped_component_says_what_the_registry_says_without_torch(tmp_path):
+    """`fedpcd list NAME` prints the shipped description (descriptions.json) without importing torch, and it
+    is what the imported component gives (here the registries are imported: ``describe`` reads them)."""
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps([["list", name] for name in SHIPPED])],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    printed, results = done.stdout.rsplit("RESULTS ", 1)
+    assert [(code, torch) for _, code, torch in json.loads(results)] == [(0, False)] * len(SHIPPED)
+    assert printed == "".join(describe(name) + "\n" for name in SHIPPED)
+
+
+# `fedpcd list fedavg` where descriptions.json is missing: the component is imported (torch with it)
+WITHOUT_RENDERING = """
+import sys
+from pathlib import Path
+from fedpcd import catalog
+from fedpcd.cli import main
+catalog.DESCRIPTIONS = Path("missing.json")
+main(["list", "fedavg"])
+print("torch" in sys.modules)
+"""
+
+
+@pytest.mark.slow
+def test_without_the_rendered_descriptions_list_name_imports_the_component(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_RENDERING], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == describe("fedavg") + "\nTrue\n"
+
+
+def test_the_rendered_descriptions_are_those_of_the_shipped_components():
+    """descriptions.json holds every component fedpcd defines and none other (tests may register more)."""
+    rendered = json.loads(shipped_descriptions())
+    ours = {
+        name
+        for kind in HOMES
+        for name in registry(kind).names()
+        if registry(kind).get(name).__module__.startswith("fedpcd.")
+    }
+    assert set(rendered) == ours
+    assert {"fedavg", "pfedme", "simplecnn", "fmnist", "dirichlet"} <= ours
+    assert rendered["pfedme"] == describe("pfedme")
 
 
 # prints what `fedpcd list` prints, then whether torch is in sys.modules
@@ -107,3 +158,20 @@ def test_the_light_listing_is_the_registries_listing(tmp_path, capsys):
     }
     registered = {(labels[kind], name) for kind in HOMES for name in registry(kind).names()}
     assert listed == registered
+
+
+@pytest.mark.slow
+def test_the_cold_start_benchmark_reports_every_command_against_the_interpreter(tmp_path, monkeypatch):
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))  # cold_start.py reads the machine with demo_time.py beside it
+    spec = importlib.util.spec_from_file_location("_bench_cold_start", bench / "cold_start.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "cold_start.json"
+    module.main(["--repeats", "1", "--json", str(out)])
+    report = json.loads(out.read_text())
+    rows = {row["command"]: row for row in report["rows"]}
+    assert report["count"] == len(rows) and "fedpcd list fedavg" in rows and "fedpcd config show" in rows
+    reference = report["rows"][0]
+    assert reference["command"] == 'python -c "pass"' and reference["ratio"] == 1.0
+    assert all(row["ratio"] == row["seconds"] / reference["seconds"] > 0 for row in report["rows"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import json
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -30,6 +31,8 @@ HOMES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 _PACKAGE = Path(__file__).parent
 HF_PREFIX = "hf:"  # dataset names hf:<hub name>: any Hugging Face dataset, known without registering
+# what `fedpcd list NAME` says of each shipped component, rendered by fedpcd.components.shipped_descriptions
+DESCRIPTIONS = _PACKAGE / "descriptions.json"
 
 
 def registry(kind: str) -> Registry[Any]:
@@ -44,11 +47,32 @@ def catalog(kind: str) -> dict[str, str]:
     From the source where neither the registry's module nor a plugin of its group is imported yet (no torch),
     else from the registry itself.
     """
-    module, _, _ = HOMES[kind]
-    if module in sys.modules or any(True for _ in entry_points(group=PLUGIN_GROUPS[kind][0])):
+    if not from_source(kind):
         reg = registry(kind)
         return {name: reg.get(name).__doc__ or "" for name in reg.names()}
     return dict(sorted(_source_registrations()[kind].items()))
+
+
+def from_source(kind: str) -> bool:
+    """Whether the components of ``kind`` are the shipped ones, known without importing them: neither the
+    registry's module nor a plugin of its group is imported or installed (which could register more)."""
+    module, _, _ = HOMES[kind]
+    return module not in sys.modules and not any(True for _ in entry_points(group=PLUGIN_GROUPS[kind][0]))
+
+
+def rendered_description(name: str) -> str | None:
+    """What ``fedpcd list NAME`` says of the shipped component(s) ``name``, as rendered into
+    ``descriptions.json`` (no import of the component), while only the shipped components exist
+    (:func:`from_source` of every kind); else None (``fedpcd.components.describe`` imports and says it)."""
+    if not all(from_source(kind) for kind in HOMES):
+        return None
+    return _rendered().get(name)
+
+
+@functools.cache
+def _rendered() -> dict[str, str]:
+    """``descriptions.json`` as shipped (empty where it is missing)."""
+    return json.loads(DESCRIPTIONS.read_text(encoding="utf-8")) if DESCRIPTIONS.is_file() else {}
 
 
 def holds(kind: str, name: str) -> bool:

@@ -156,9 +156,14 @@ def cmd_list(args: argparse.Namespace) -> None:
     if args.name == "configs":
         list_configs()
     elif args.name is not None:
-        from fedpcd.api import describe  # an unknown name is answered before any component is imported
+        from fedpcd.catalog import rendered_description  # a shipped component: its description as rendered
 
-        print(describe(args.name))
+        text = rendered_description(args.name)
+        if text is None:
+            from fedpcd.components import describe  # an unknown name: no component imported
+
+            text = describe(args.name)
+        print(text)
     else:
         list_components()
 

@@ -1,9 +1,17 @@
 """What ``fedpcd list NAME`` (and ``fedpcd.describe``) says about a registered component or a config section:
-its class, paper (the citation found in its docstrings), description, presets and typed parameters."""
+its class, paper (the citation found in its docstrings), description, presets and typed parameters.
+
+The shipped components' descriptions are also kept, as rendered from the imported registries by
+:func:`shipped_descriptions`, in the package's ``descriptions.json``, so that ``fedpcd list NAME`` answers
+without importing the component (and torch with it) while only the shipped components exist
+(``catalog.rendered_description``). ``benchmarks/render_docs.py`` writes the file with the results pages,
+and the tests compare it with its rendering byte for byte, so it cannot go stale unnoticed.
+"""
 
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from typing import Any
 
@@ -16,7 +24,7 @@ from fedpcd.errors import UserError, close_matches, short
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.utils import plain_text, text_table
 
-__all__ = ["default_text", "describe"]
+__all__ = ["default_text", "describe", "shipped_descriptions"]
 
 
 _YEAR = re.compile(r"\b(?:19|20)\d\d\b")
@@ -134,15 +142,34 @@ def describe(name: str) -> str:
         UserError: An unknown name (the line names the near ones, grouped by kind: algorithms, models,
             datasets, partition schemes, shipped configs).
     """
-    from fedpcd.catalog import HOMES, catalog, holds, registry
+    from fedpcd.catalog import HOMES, catalog, holds, registry, rendered_description
 
     kinds = [kind for kind in HOMES if holds(kind, name)]
     if not kinds and _section(name) is not None:
         return _section_block(name, _section(name))
     if not kinds:  # answered without importing the components (no torch)
         raise UserError(_unknown_name(name, [(kind, list(catalog(kind))) for kind in HOMES]))
+    rendered = rendered_description(name)
+    if rendered is not None:
+        return rendered
     # only the registries that hold the name are imported
     return "\n\n".join(_block(kind, name, registry(kind).get(name)) for kind in kinds)
+
+
+def shipped_descriptions() -> str:
+    """The text of ``descriptions.json``: each name of a component defined in fedpcd -> what ``describe``
+    says of it, from the imported registries (components that tests or plugins register are left out)."""
+    from fedpcd.catalog import HOMES, registry
+
+    names = sorted(
+        {
+            name
+            for kind in HOMES
+            for name in registry(kind).names()
+            if registry(kind).get(name).__module__.startswith("fedpcd.")
+        }
+    )
+    return json.dumps({name: describe(name) for name in names}, indent=1, ensure_ascii=False) + "\n"
 
 
 def _unknown_name(name: str, named: list[tuple[str, list[str]]]) -> str:
