@@ -47,7 +47,8 @@ from install_helpers import (
 )
 
 PACKAGING_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "src")
-PACKAGE_DATA = ("py.typed", "configs/**/*.yaml")  # pyproject's [tool.setuptools.package-data] for fedpcd
+# pyproject's [tool.setuptools.package-data] for fedpcd
+PACKAGE_DATA = ("py.typed", "configs/**/*.yaml", "descriptions.json")
 PLUGIN_PAGE = ROOT / "docs" / "plugins.md"
 # a marked block of the plugin page: the marker comment, then a fence whose title is the file's path
 PLUGIN_BLOCK = re.compile(
