@@ -12,7 +12,10 @@ directive:
   a pair may differ only in their method and the config keys ``vary="k1,k2"``), and the claim's values are
   the paired differences. ``{{ c }}`` writes "+1.23 ± 0.45 (5 seeds: ...)"; ``{{ c.mean|s(2) }}`` a signed
   number, ``{{ c.std|f(2) }}`` an unsigned one; ``c.each[i]``, ``c.n``, ``c.run.mean``, ``c.ref.mean``,
-  ``c.total`` (stat="hours").
+  ``c.total`` (stat="hours"). ``replicate="FOLDER"`` (a paired claim): FOLDER holds the same runs under the
+  same names rerun on another floating-point path (only ``engine`` differs, e.g. ``engine.threads=2``); each
+  seed's difference is then the mean of its two paths' differences, so the host's rounding noise enters the
+  t-test, and ``c.spread`` is the largest gap between a seed's two differences.
 - ``{{ label("NAME/GLOB") }}``: the method's name as `fedpcd report` gives those runs, e.g.
   "fedsc preset=official (overrides local.lr, ...)" for a preset run whose config overrides the preset.
 - ``{{ paper("KEY") }}``: a paper's own result, from ``templates/papers.yaml`` (setting, table, the method's
@@ -271,12 +274,21 @@ class Claim(Side):
     label: str = ""
     code: tuple[str, str] | None = None
     notes: list[str] = field(default_factory=list)  # the page's legacy verdicts (see ``legacy_note``)
+    gaps: list[float] | None = None  # with a replicate: per seed, the gap between its two paths' differences
 
     def __str__(self) -> str:
         signed = self.ref is not None
         text = mean_std(self.each, signed=signed, scale=1.0)
         per_seed = ", ".join(f"{v:+.2f}" if signed else f"{v:.2f}" for v in self.each)
-        return f"{text} ({self.n} seed{'s' if self.n != 1 else ''}: {per_seed})"
+        paths = "" if self.gaps is None else ", each the mean of 2 float paths"
+        return f"{text} ({self.n} seed{'s' if self.n != 1 else ''}{paths}: {per_seed})"
+
+    @property
+    def spread(self) -> float:
+        """The largest gap between a seed's paired differences on its two floating-point paths (points)."""
+        if self.gaps is None:
+            raise RenderError(f"{self.label}: a spread needs a claim with replicate=")
+        return max(abs(gap) for gap in self.gaps)
 
     def _comparable(self, what: str) -> None:
         if self.ref is None:
@@ -376,7 +388,7 @@ class Archive:
             out.setdefault(run.config["seed"], ([], run))[0].extend(run_number(run, spec))
         return out
 
-    def claim(self, run: str, ref: str | None = None, **spec: Any) -> Claim:
+    def claim(self, run: str, ref: str | None = None, replicate: str | None = None, **spec: Any) -> Claim:
         """The ``claim`` directive (see the module docstring)."""
         spec.setdefault("metric", "global_acc")
         label = f"claim({run!r}{f', ref={ref!r}' if ref else ''})"
@@ -386,6 +398,8 @@ class Archive:
         values = [v for seed in sorted(mine) for v in mine[seed][0]]
         runs = [mine[seed][1] for seed in sorted(mine)]
         if ref is None:
+            if replicate is not None:
+                raise RenderError(f"{label}: replicate= needs a paired claim (ref=)")
             return Claim(values, runs, label=label, notes=self.legacy)
         theirs = self.side(ref, spec)
         vary = frozenset(k for k in str(spec.get("vary", "")).split(",") if k)
@@ -398,15 +412,45 @@ class Archive:
             diffs.append(mine[seed][0][0] - theirs[seed][0][0])
             refs.append(theirs[seed][1])
         ref_values = [theirs[seed][0][0] for seed in sorted(mine)]
-        return Claim(
-            diffs,
-            runs + refs,
-            run=Side(values, runs),
-            ref=Side(ref_values, refs),
-            label=label,
-            code=code_problem(runs + refs),
-            notes=self.legacy,
+        claim = Claim(diffs, runs + refs, run=Side(values, runs), ref=Side(ref_values, refs), label=label)
+        if replicate is not None:
+            self._replicate(claim, replicate, spec)
+        claim.code, claim.notes = code_problem(claim.runs), self.legacy
+        return claim
+
+    def _replicate(self, claim: Claim, folder: str, spec: dict[str, Any]) -> None:
+        """Each seed's difference becomes the mean of its own and its rerun's in ``folder`` (the same run
+        names, another floating-point path: only ``engine`` differs); ``claim.gaps`` keeps their gaps."""
+        assert claim.run is not None and claim.ref is not None
+        gaps, means = [], []
+        for diff, mine, theirs in zip(claim.each, claim.run.runs, claim.ref.runs, strict=True):
+            (value, rerun), (ref_value, ref_rerun) = (
+                self._rerun(claim.label, folder, r, spec) for r in (mine, theirs)
+            )
+            gaps.append(diff - (value - ref_value))
+            means.append((diff + value - ref_value) / 2)
+            claim.runs += [rerun, ref_rerun]
+        claim.each, claim.gaps = means, gaps
+
+    def _rerun(self, label: str, folder: str, original: Any, spec: dict[str, Any]) -> tuple[float, Any]:
+        """The number and the run of ``original``'s rerun in ``folder`` (it may differ only in ``engine``)."""
+        found = self.runs(f"{folder}/{original.path.name}")
+        if len(found) != 1:
+            raise RenderError(f"{label}: no rerun of {original.path.name} in {folder}")
+        rerun, where = found[0], f"{label}: {folder}/{found[0].path.name}"
+        engine = frozenset(
+            f"engine.{key}" for run in (original, rerun) for key in run.config.get("engine", {})
         )
+        if not same_setting(original, rerun, engine):
+            raise RenderError(f"{where} differs from {original.path.name} in more than engine")
+        if run_label(original.config) != run_label(rerun.config):
+            raise RenderError(f"{where} is another method than {original.path.name}")
+        if original.config.get("engine") == rerun.config.get("engine"):
+            raise RenderError(f"{where} has the engine of {original.path.name}: not another float path")
+        numbers = run_number(rerun, spec)
+        if len(numbers) != 1:
+            raise RenderError(f"{where} has no single value")
+        return numbers[0], rerun
 
 
 # ---- tables of `fedpcd report` ----------------------------------------------------------------------------

@@ -87,11 +87,17 @@ def test_the_check_names_the_first_differing_line():
 
 
 def _run(
-    root: Path, name: str, algorithm: str, seed: int, acc: list[float], commit: str | None = "abc"
+    root: Path,
+    name: str,
+    algorithm: str,
+    seed: int,
+    acc: list[float],
+    commit: str | None = "abc",
+    **keys: object,
 ) -> None:
     folder = root / "docs/results/runs" / name
     folder.mkdir(parents=True)
-    config = {"seed": seed, "clients": 4, "rounds": len(acc), "algorithm": {"name": algorithm}}
+    config = {"seed": seed, "clients": 4, "rounds": len(acc), "algorithm": {"name": algorithm}, **keys}
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     records = [{"round": r + 1, "global_acc": a} for r, a in enumerate(acc)]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
@@ -194,6 +200,63 @@ def test_runs_of_another_commit_get_no_verdict_and_marked_words(tmp_path):
     assert c.verdict(_paper(10.0)) == "no verdict (no commit recorded)"
     assert c.says("separates", "separates") == "separates" + render_docs.LEGACY_MARK
     assert archive.legacy  # the page must then place legacy_note()
+
+
+def test_a_replicate_averages_each_seeds_two_float_paths(archive, tmp_path):
+    # the reruns on another float path (engine.threads 2): per seed, differences 10+1, 11-1, 9, 9+2, 12-2
+    for seed, (a, b) in enumerate([(0.71, 0.60), (0.71, 0.61), (0.69, 0.60), (0.73, 0.62), (0.71, 0.61)]):
+        _run(tmp_path, f"x2/fedprox_seed{seed}", "fedprox", seed, [0.1, a], engine={"threads": 2})
+        _run(tmp_path, f"x2/fedavg_seed{seed}", "fedavg", seed, [0.1, b], engine={"threads": 2})
+    c = archive.claim("x/fedprox_seed*", ref="x/fedavg_seed*", replicate="x2", last=1)
+    assert [round(d, 6) for d in c.each] == [10.5, 10.5, 9.0, 10.0, 11.0]
+    assert [round(g, 6) for g in c.gaps] == [-1.0, 1.0, 0.0, -2.0, 2.0] and round(c.spread, 6) == 2.0
+    assert (
+        str(c)
+        == "+10.20 ± 0.76 (5 seeds, each the mean of 2 float paths: +10.50, +10.50, +9.00, +10.00, +11.00)"
+    )
+    assert len(c.runs) == 20 and c.verdict(_paper(16.0)) == "yes"
+    plain = archive.claim("x/fedprox_seed*", ref="x/fedavg_seed*", last=1)
+    with pytest.raises(render_docs.RenderError, match="replicate="):
+        _ = plain.spread
+    with pytest.raises(render_docs.RenderError, match="needs a paired claim"):
+        archive.claim("x/fedprox_seed*", replicate="x2", last=1)
+
+
+def test_a_replicate_must_be_the_same_run_on_another_path(archive, tmp_path):
+    def claim(folder: str) -> None:
+        render_docs.Archive(tmp_path).claim("x/fedprox_seed*", ref="x/fedavg_seed*", replicate=folder, last=1)
+
+    for seed in range(5):  # the same engine: no second float path
+        _run(tmp_path, f"same/fedprox_seed{seed}", "fedprox", seed, [0.1, 0.7])
+        _run(tmp_path, f"same/fedavg_seed{seed}", "fedavg", seed, [0.1, 0.6])
+    with pytest.raises(render_docs.RenderError, match="not another float path"):
+        claim("same")
+    for seed in range(5):  # another setting besides the engine
+        _run(
+            tmp_path,
+            f"other/fedprox_seed{seed}",
+            "fedprox",
+            seed,
+            [0.1, 0.7],
+            engine={"threads": 2},
+            clients=8,
+        )
+        _run(
+            tmp_path, f"other/fedavg_seed{seed}", "fedavg", seed, [0.1, 0.6], engine={"threads": 2}, clients=8
+        )
+    with pytest.raises(render_docs.RenderError, match="more than engine"):
+        claim("other")
+    _run(tmp_path, "part/fedprox_seed0", "fedprox", 0, [0.1, 0.7], engine={"threads": 2})
+    with pytest.raises(render_docs.RenderError, match="no rerun of fedavg_seed0 in part"):
+        claim("part")
+    for seed in range(5):  # one rerun from another commit: the claim loses its verdict
+        commit = "def" if seed == 4 else "abc"
+        _run(tmp_path, f"late/fedprox_seed{seed}", "fedprox", seed, [0.1, 0.7], commit, engine={"threads": 2})
+        _run(tmp_path, f"late/fedavg_seed{seed}", "fedavg", seed, [0.1, 0.6], engine={"threads": 2})
+    late = render_docs.Archive(tmp_path).claim(
+        "x/fedprox_seed*", ref="x/fedavg_seed*", replicate="late", last=1
+    )
+    assert late.verdict(_paper(16.0)) == "no verdict (runs from commits abc, def)"
 
 
 def test_a_run_whose_config_repeats_another_is_refused(archive, tmp_path):
