@@ -76,7 +76,8 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     assert (tmp_path / "fedpcd.yaml").is_file()
 
 
-SHIPPED = ["fedavg", "fedgela", "simplecnn", "fmnist", "dirichlet"]  # an algorithm with presets, a model, ...
+# an algorithm with presets, a model, a dataset, a partition scheme, a config section
+SHIPPED = ["fedavg", "fedgela", "simplecnn", "fmnist", "dirichlet", "privacy"]
 
 
 @pytest.mark.slow
@@ -92,6 +93,22 @@ def test_list_name_of_a_shipped_component_says_what_the_registry_says_without_to
     printed, results = done.stdout.rsplit("RESULTS ", 1)
     assert [(code, torch) for _, code, torch in json.loads(results)] == [(0, False)] * len(SHIPPED)
     assert printed == "".join(describe(name) + "\n" for name in SHIPPED)
+
+
+# `fedpcd list` of an unknown name: its one line, then whether the config schema or torch was imported
+UNKNOWN = """
+import sys
+from fedpcd.cli import main
+main(["list", "fedavgg"])
+print(sorted(m for m in ("fedpcd.config", "torch") if m in sys.modules))
+"""
+
+
+@pytest.mark.slow
+def test_an_unknown_name_is_answered_without_the_schema_or_torch(tmp_path):
+    done = subprocess.run([sys.executable, "-c", UNKNOWN], cwd=tmp_path, capture_output=True, text=True)
+    assert done.stdout == "[]\n"
+    assert done.stderr.startswith("fedpcd: error: unknown name 'fedavgg'; did you mean algorithms: fedavg,")
 
 
 # `fedpcd list fedavg` where descriptions.json is missing: the component is imported (torch with it)
@@ -116,7 +133,8 @@ def test_without_the_rendered_descriptions_list_name_imports_the_component(tmp_p
 
 
 def test_the_rendered_descriptions_are_those_of_the_shipped_components():
-    """descriptions.json holds every component fedpcd defines and none other (tests may register more)."""
+    """descriptions.json holds every component fedpcd defines and every config section, and no other name
+    (tests may register more components)."""
     rendered = json.loads(shipped_descriptions())
     ours = {
         name
@@ -124,7 +142,9 @@ def test_the_rendered_descriptions_are_those_of_the_shipped_components():
         for name in registry(kind).names()
         if registry(kind).get(name).__module__.startswith("fedpcd.")
     }
-    assert set(rendered) == ours
+    sections = {name for name, text in rendered.items() if text.startswith(f"config section {name} (")}
+    assert set(rendered) == ours | sections
+    assert {"privacy", "aggregation", "server", "engine"} <= sections  # `local` is also an algorithm
     assert {"fedavg", "pfedme", "simplecnn", "fmnist", "dirichlet"} <= ours
     assert rendered["pfedme"] == describe("pfedme")
 

@@ -2,9 +2,9 @@
 launch any of them without a config error.
 
 Shrunk for one CPU thread (each a dotted override, applied to every run of the sweep file):
-``dataset.train_fraction=0.01``, ``rounds=2``, ``local.epochs=1`` (the papers' 5-10), ``personal_test=split`` (the
-personal models on their clients' test splits, not each on the whole test set: that pass took most of a
-ResNet-10 smoke's time, and tests/test_metrics.py covers it), and ResNet-18 and the
+``dataset.train_fraction=0.01``, ``rounds=2``, ``local.epochs=1`` (the papers' 5-10),
+``personal_test=split`` (the personal models on their clients' test splits, not each on the whole test set:
+that pass took most of a ResNet-10 smoke's time, and tests/test_metrics.py covers it), and ResNet-18 and the
 wide ResNet replaced by ``simplecnn`` where the model section names nothing else (a 2-round ResNet-18 run on
 1% of CIFAR-10 takes about 100 s here; the other models are kept), and a Dirichlet ``min_size`` scaled by
 the same fraction; four CIFAR-100 files need 2-5%, and the stand-ins of the new formats 20-100% (``LARGER``).

@@ -20,6 +20,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from fedpcd.errors import UserError, close_matches, short
 from fedpcd.registry import PLUGIN_GROUPS, Registry
 
 # kind -> (the module holding its registry, the registry's name, the decorator calls that register into it)
@@ -57,16 +58,44 @@ def from_source(kind: str) -> bool:
     """Whether the components of ``kind`` are the shipped ones, known without importing them: neither the
     registry's module nor a plugin of its group is imported or installed (which could register more)."""
     module, _, _ = HOMES[kind]
-    return module not in sys.modules and not any(True for _ in entry_points(group=PLUGIN_GROUPS[kind][0]))
+    return module not in sys.modules and PLUGIN_GROUPS[kind][0] not in _plugin_groups()
+
+
+@functools.cache
+def _plugin_groups() -> frozenset[str]:
+    """The entry-point groups that installed distributions declare: one scan of them per process (a plugin
+    installed while fedpcd runs is seen by the next process, as its registries load plugins once too)."""
+    return frozenset(entry_points().groups)
 
 
 def rendered_description(name: str) -> str | None:
-    """What ``fedpcd list NAME`` says of the shipped component(s) ``name``, as rendered into
-    ``descriptions.json`` (no import of the component), while only the shipped components exist
-    (:func:`from_source` of every kind); else None (``fedpcd.components.describe`` imports and says it)."""
-    if not all(from_source(kind) for kind in HOMES):
+    """What ``fedpcd list NAME`` says of the shipped component(s) or config section ``name``, as rendered
+    into ``descriptions.json`` (no import of the component or of the config schema), while only the shipped
+    components exist (:func:`from_source` of every kind); else None (``fedpcd.components.describe`` imports
+    and says it).
+
+    Raises:
+        UserError: A name the rendering lacks, which is then no component or section (``unknown_name``).
+    """
+    if not all(from_source(kind) for kind in HOMES) or not _rendered():
         return None
+    if name not in _rendered() and not name.startswith(HF_PREFIX):
+        raise UserError(unknown_name(name))
     return _rendered().get(name)
+
+
+def unknown_name(name: str) -> str:
+    """The line for a name ``fedpcd list NAME`` does not know: its near names (``close_matches``) grouped by
+    kind (the components' and the shipped configs'), or that none is near."""
+    from fedpcd.config_input import shipped_configs
+
+    named = [(f"{kind}s", list(catalog(kind))) for kind in HOMES]
+    near = [(kind, close_matches(name, names)) for kind, names in [*named, ("configs", shipped_configs())]]
+    groups = "; ".join(f"{kind}: {', '.join(found)}" for kind, found in near if found)
+    where = "`fedpcd list` names every component, `fedpcd list configs` every shipped config"
+    if not groups:
+        return f"unknown name {short(name)}: no component or shipped config has it or a name near it; {where}"
+    return f"unknown name {short(name)}; did you mean {groups}? ({where})"
 
 
 @functools.cache
@@ -91,7 +120,7 @@ def _source_registrations() -> dict[str, dict[str, str]]:
             continue
         tree = ast.parse(text, str(path))
         constants = _string_constants(tree)
-        for node in ast.walk(tree):
+        for node in tree.body:  # registering decorators sit on module-level definitions
             if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 continue
             for call in node.decorator_list:

@@ -156,11 +156,11 @@ def cmd_list(args: argparse.Namespace) -> None:
     if args.name == "configs":
         list_configs()
     elif args.name is not None:
-        from fedpcd.catalog import rendered_description  # a shipped component: its description as rendered
+        from fedpcd.catalog import rendered_description  # shipped: as rendered; unknown: one line, no import
 
         text = rendered_description(args.name)
         if text is None:
-            from fedpcd.components import describe  # an unknown name: no component imported
+            from fedpcd.components import describe  # plugins, hf:NAME, no rendering: imported
 
             text = describe(args.name)
         print(text)

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from fedpcd.config import Config, DatasetConfig
 from fedpcd.config_identity import HF_COLUMNS
-from fedpcd.errors import UserError, close_matches, short
+from fedpcd.errors import UserError
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.utils import plain_text, text_table
 
@@ -142,13 +142,13 @@ def describe(name: str) -> str:
         UserError: An unknown name (the line names the near ones, grouped by kind: algorithms, models,
             datasets, partition schemes, shipped configs).
     """
-    from fedpcd.catalog import HOMES, catalog, holds, registry, rendered_description
+    from fedpcd.catalog import HOMES, holds, registry, rendered_description, unknown_name
 
     kinds = [kind for kind in HOMES if holds(kind, name)]
     if not kinds and _section(name) is not None:
         return _section_block(name, _section(name))
     if not kinds:  # answered without importing the components (no torch)
-        raise UserError(_unknown_name(name, [(kind, list(catalog(kind))) for kind in HOMES]))
+        raise UserError(unknown_name(name))
     rendered = rendered_description(name)
     if rendered is not None:
         return rendered
@@ -157,30 +157,16 @@ def describe(name: str) -> str:
 
 
 def shipped_descriptions() -> str:
-    """The text of ``descriptions.json``: each name of a component defined in fedpcd -> what ``describe``
-    says of it, from the imported registries (components that tests or plugins register are left out)."""
+    """The text of ``descriptions.json``: each name of a component defined in fedpcd, and of a config
+    section, -> what ``describe`` says of it, from the imported registries (components that tests or plugins
+    register are left out)."""
     from fedpcd.catalog import HOMES, registry
 
-    names = sorted(
-        {
-            name
-            for kind in HOMES
-            for name in registry(kind).names()
-            if registry(kind).get(name).__module__.startswith("fedpcd.")
-        }
-    )
+    components = {
+        name
+        for kind in HOMES
+        for name in registry(kind).names()
+        if registry(kind).get(name).__module__.startswith("fedpcd.")
+    }
+    names = sorted(components | {name for name in Config.model_fields if _section(name) is not None})
     return json.dumps({name: describe(name) for name in names}, indent=1, ensure_ascii=False) + "\n"
-
-
-def _unknown_name(name: str, named: list[tuple[str, list[str]]]) -> str:
-    """The line for a name ``fedpcd list NAME`` does not know: its near names (``close_matches``) grouped by
-    kind (the components' ``named`` (kind, names) and the shipped configs'), or that none is near."""
-    from fedpcd.config_input import shipped_configs
-
-    kinds = [(f"{kind}s", names) for kind, names in named]
-    near = [(kind, close_matches(name, names)) for kind, names in [*kinds, ("configs", shipped_configs())]]
-    groups = "; ".join(f"{kind}: {', '.join(found)}" for kind, found in near if found)
-    where = "`fedpcd list` names every component, `fedpcd list configs` every shipped config"
-    if not groups:
-        return f"unknown name {short(name)}: no component or shipped config has it or a name near it; {where}"
-    return f"unknown name {short(name)}; did you mean {groups}? ({where})"
