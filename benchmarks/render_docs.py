@@ -27,7 +27,8 @@ directive:
   claimed direction.
 - ``{{ c.says("word", "sense") }}``: a verdict or direction word, rendered only when the runs support it:
   sense "separates" / "noise" (the paired t-test does / does not separate), "above" / "below" (the sign of the
-  paired mean), "beyond" / "behind" (a separation in that direction), "every seed" (one sign on every seed).
+  paired mean), "beyond" / "behind" (a separation in that direction), "every seed" (one sign on every seed);
+  a separation needs ``MIN_SEEDS`` seeds, and "too few seeds" is the sense of one on fewer.
 - ``{% set t = table("RUNS [fedpcd report options] [--setting S]") %}`` then ``{{ t.cell(row, column) }}``:
   a cell of `fedpcd report`'s table.
 - ``{{ report_page() }}``, ``{{ leaderboard_cells() }}``: the leaderboard page and its cells.csv, as
@@ -311,11 +312,15 @@ class Claim(Side):
 
     @property
     def separation(self) -> str:
-        """ "separates" or "within seed noise", as the paired t-test decides (marked for legacy runs)."""
+        """ "separates" or "within seed noise", as the paired t-test decides, and "separates on too few seeds
+        to decide" below ``MIN_SEEDS`` seeds (marked for legacy runs)."""
         if self.ref is None:
             raise RenderError(f"{self.label}: a separation needs a paired claim (ref=)")
-        word = "separates" if separation(self.each) else "within seed noise"
-        return self.says(word, "separates" if word == "separates" else "noise")
+        if not separation(self.each):
+            return self.says("within seed noise", "noise")
+        if self.n < verdict_scale.MIN_SEEDS:
+            return self.says("separates on too few seeds to decide", "too few seeds")
+        return self.says("separates", "separates")
 
     def says(self, word: str, sense: str) -> str:
         """``word`` when the runs support ``sense`` (see the module docstring), else a RenderError."""
@@ -325,13 +330,18 @@ class Claim(Side):
             if self.ref is None:
                 raise RenderError(f"{self.label}: {word!r} needs a paired claim (ref=)")
             holds = (self.mean > 0) if sense == "above" else (self.mean < 0)
-        elif sense in ("separates", "noise", "beyond", "behind"):
+        elif sense in ("separates", "noise", "beyond", "behind", "too few seeds"):
             if self.ref is None:
                 raise RenderError(f"{self.label}: {word!r} needs a paired claim (ref=)")
-            sign = separation(self.each)
-            holds = {"separates": sign != 0, "noise": sign == 0, "beyond": sign > 0, "behind": sign < 0}[
-                sense
-            ]
+            sign, few = separation(self.each), self.n < verdict_scale.MIN_SEEDS
+            if sense == "too few seeds":
+                holds = sign != 0 and few
+            elif sense != "noise" and few:  # a separation rests on MIN_SEEDS seeds
+                raise RenderError(f"{self.label}: {word!r} needs {verdict_scale.MIN_SEEDS} seeds: {self}")
+            else:
+                holds = {"separates": sign != 0, "noise": sign == 0, "beyond": sign > 0, "behind": sign < 0}[
+                    sense
+                ]
         else:
             raise RenderError(f"{self.label}: unknown sense {sense!r} for {word!r}")
         if not holds:

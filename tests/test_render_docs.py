@@ -192,7 +192,7 @@ def test_a_paired_claim_computes_the_differences_in_points(archive):
 
 
 def test_runs_of_another_commit_get_no_verdict_and_marked_words(tmp_path):
-    for seed in range(3):
+    for seed in range(5):
         _run(tmp_path, f"y/fedprox_seed{seed}", "fedprox", seed, [0.7 + seed / 100])
         _run(tmp_path, f"y/fedavg_seed{seed}", "fedavg", seed, [0.6], commit="def" if seed else None)
     archive = render_docs.Archive(tmp_path)
@@ -200,6 +200,21 @@ def test_runs_of_another_commit_get_no_verdict_and_marked_words(tmp_path):
     assert c.verdict(_paper(10.0)) == "no verdict (no commit recorded)"
     assert c.says("separates", "separates") == "separates" + render_docs.LEGACY_MARK
     assert archive.legacy  # the page must then place legacy_note()
+
+
+def test_a_separation_on_fewer_than_five_seeds_is_not_called_one(tmp_path):
+    for seed in range(3):
+        _run(tmp_path, f"z/fedprox_seed{seed}", "fedprox", seed, [0.70 + seed / 1000])
+        _run(tmp_path, f"z/fedavg_seed{seed}", "fedavg", seed, [0.60])
+    c = render_docs.Archive(tmp_path).claim("z/fedprox_seed*", ref="z/fedavg_seed*", last=1)
+    assert render_docs.verdict_scale.separation(c.each) == 1  # t far above 4.30
+    assert c.separation == "separates on too few seeds to decide"
+    assert c.verdict(_paper(10.0)) == "not decided (3 seeds)"
+    for sense in ("separates", "beyond"):
+        with pytest.raises(render_docs.RenderError, match="needs 5 seeds"):
+            c.says("it separates", sense)
+    with pytest.raises(render_docs.RenderError, match="do not support"):
+        c.says("within seed noise", "noise")
 
 
 def test_a_replicate_averages_each_seeds_two_float_paths(archive, tmp_path):
