@@ -321,6 +321,7 @@ def test_fast_convnet_forward_and_gradients(arch, channels, side):
     assert torch.equal(predict(model, x), model(x).argmax(1))
     with torch.no_grad():
         assert torch.equal(convnet_logits(model, x), model(x))  # bit for bit
+        assert torch.equal(model.inference_features()(x), model.features(x))
     twin = model.vmap_copy()
     twin.load_state_dict(model.state_dict())
     params = list(model.parameters())
@@ -328,6 +329,28 @@ def test_fast_convnet_forward_and_gradients(arch, channels, side):
     fast = torch.autograd.grad(twin.features(x).square().sum(), list(twin.parameters())[:-2])
     for g, h in zip(grads, fast, strict=True):
         torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-6)
+
+
+def test_a_readout_with_a_head_predicts_through_the_fast_features_bit_for_bit(monkeypatch):
+    """FedNH's personal predictor (prototypes and a scale over the body): the same logits as its
+    ``logits(model, x, tensors)``, through ``inference_features`` when no gradient is taken."""
+    from fedpcd.algorithms.fednh import prototype_head, prototype_logits
+    from fedpcd.algorithms.readout import Readout
+
+    torch.manual_seed(0)
+    model = build_model("simplecnn", 1, 10, 28)
+    x = torch.randn(7, 1, 28, 28)
+    tensors = {
+        "prototypes": torch.nn.functional.normalize(torch.randn(10, 84), dim=1),
+        "scale": torch.tensor(3.0),
+    }
+    readout = Readout(model, prototype_logits, tensors, head=prototype_head)
+    with torch.no_grad():
+        want = prototype_logits(model.eval(), x, tensors)
+        monkeypatch.setattr(model, "features", lambda _: pytest.fail("the plain features ran"))
+        assert torch.equal(readout(x), want)
+    monkeypatch.undo()
+    assert torch.equal(readout(x), want)  # with gradients on: the algorithm's own logits
 
 
 def test_only_the_convnet_class_itself_takes_the_fast_path():
@@ -338,6 +361,7 @@ def test_only_the_convnet_class_itself_takes_the_fast_path():
 
     model = Custom(1, 10, 16, 6, 16, 120, 84)
     assert model.inference_forward() is model
+    assert model.inference_features() == model.features
     assert "features" not in vars(model.vmap_copy())
     assert "features" in vars(build_model("simplecnn", 1, 10, 16).vmap_copy())  # the batched kernel
     mlp = build_model("mlp", 1, 10, 16)

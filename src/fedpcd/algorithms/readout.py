@@ -7,9 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from fedpcd.algorithms.contract import Predictor
+from fedpcd.models import FedModel
 
 TensorLogits = Callable[[nn.Module, Tensor, dict[str, Any]], Tensor]
 FeatureLogits = Callable[[Tensor, dict[str, Any]], Tensor]
@@ -35,6 +37,12 @@ class Readout:
 
     def __call__(self, x: Tensor) -> Tensor:
         self.model.eval()
+        if self.head is not None and self.features is None and not torch.is_grad_enabled():
+            # the same logits op for op, with the model's inference kernels for its features (bit for bit)
+            features = (
+                self.model.inference_features() if isinstance(self.model, FedModel) else self.model.features
+            )
+            return self.head(features(x), self.tensors)
         return self.logits(self.model, x, self.tensors)
 
 

@@ -39,6 +39,11 @@ class FedModel(nn.Module):
         faster kernel for the same numbers returns that. Default: the model itself."""
         return self
 
+    def inference_features(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``features`` for predictions (no gradient, eval mode), bit for bit, as ``inference_forward`` is
+        ``self(x)``: what a predictor's classifier over the features reads. Default: ``self.features``."""
+        return self.features
+
     def vmap_copy(self) -> nn.Module:
         """A copy of the model that the vectorized executor calls through ``torch.func.functional_call`` and
         vmaps over the clients' stacked tensors; an architecture may give it batched kernels with the same

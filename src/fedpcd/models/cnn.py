@@ -19,7 +19,7 @@ from pydantic import Field
 from torch import nn
 
 from fedpcd.models.base import FedModel, register_model
-from fedpcd.models.fast_convnet import batched_features, convnet_logits
+from fedpcd.models.fast_convnet import batched_features, convnet_features, convnet_logits
 
 KERNEL = 5
 # the MLP's widest hidden layer: 8192 units keep it under the config's 1e8 weights for 3x32x32 inputs
@@ -78,6 +78,13 @@ class ConvNet(FedModel):
         if type(self) is not ConvNet:
             return super().inference_forward()
         return functools.partial(convnet_logits, self)
+
+    def inference_features(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """:func:`~fedpcd.models.fast_convnet.convnet_features`: ``features`` with the faster max-pool, bit
+        for bit; a subclass gets its own ``features``."""
+        if type(self) is not ConvNet:
+            return super().inference_features()
+        return functools.partial(convnet_features, self)
 
     def vmap_copy(self) -> nn.Module:
         """A deep copy whose ``features`` is :func:`~fedpcd.models.fast_convnet.batched_features` (per-client

@@ -1,9 +1,10 @@
 """The ConvNet family's fast CPU kernels (simplecnn, conv2cifar, cnn1..cnn5): bit-identical predictions and
 a vmap rule for training many clients' copies at once.
 
-- :func:`convnet_logits`: ``model(x)`` without gradient, bit for bit, with the 2x2 max-pool + ReLU on strided
-  views (:func:`pool_relu_masks`: max_pool2d's values, faster than its CPU kernel with indices on the large
-  map); ``ConvNet.inference_forward`` returns it.
+- :func:`convnet_logits` / :func:`convnet_features`: ``model(x)`` / ``model.features(x)`` without gradient,
+  bit for bit, with the 2x2 max-pool + ReLU on strided views (:func:`pool_relu_masks`: max_pool2d's values,
+  faster than its CPU kernel with indices on the large map); ``ConvNet.inference_forward`` /
+  ``inference_features`` return them.
 - :func:`batched_features`: ``features`` as one ``autograd.Function`` with its own vmap rule
   (:func:`convnet_features_stacked`). vmap would turn a convolution with per-client weights into a grouped
   convolution, which oneDNN runs slower than a loop over the clients; here, per client, the convolutions use
@@ -196,13 +197,19 @@ class _ConvNetFeatures(torch.autograd.Function):
 
 
 @torch.no_grad()
-def convnet_logits(model: ConvNetLayers, x: Tensor) -> Tensor:
-    """``model(x)`` of a ConvNet without gradient, bit for bit, with the faster max-pool (the convolutions
-    and linear layers are the model's own): ``ConvNet.inference_forward``, what predictions use."""
+def convnet_features(model: ConvNetLayers, x: Tensor) -> Tensor:
+    """``model.features(x)`` of a ConvNet without gradient, bit for bit, with the faster max-pool (the
+    convolutions and linear layers are the model's own): ``ConvNet.inference_features``."""
     a = pool_relu_masks(model.conv1(x), masks=False)[0]
     a = pool_relu_masks(model.conv2(a), masks=False)[0]
     z = model.fc2(F.relu(model.fc1(torch.flatten(a, 1))))
-    return model.head(F.relu(z) if model.feature_relu else z)
+    return F.relu(z) if model.feature_relu else z
+
+
+def convnet_logits(model: ConvNetLayers, x: Tensor) -> Tensor:
+    """``model(x)`` of a ConvNet without gradient, bit for bit: ``ConvNet.inference_forward``, what
+    predictions use."""
+    return model.head(convnet_features(model, x))
 
 
 def batched_features(self: ConvNetLayers, x: Tensor) -> Tensor:
