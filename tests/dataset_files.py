@@ -77,3 +77,20 @@ def make_svhn(folder: Path, n_train: int, n_test: int, seed: int = 0) -> dict:
         scipy.io.savemat(folder / f"{split}_32x32.mat", {"X": x, "y": y})
         mats[split] = (x, y)
     return mats
+
+
+def fmnist_test_slice(source: Path, folder: Path, fraction: float) -> Path:
+    """``folder``/fashion-mnist: the real Fashion-MNIST train files of ``source`` (linked) and a
+    class-stratified ``fraction`` of its test set, for tests whose point is not the test set's size."""
+    from fedpcd.data.datasets import load_dataset
+    from fedpcd.data.tensors import stratified_subset
+
+    fmnist = folder / "fashion-mnist"
+    fmnist.mkdir(parents=True)
+    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"):
+        (fmnist / name).symlink_to(source / name)
+    test = load_dataset("fmnist", root=source, download=False)
+    keep = stratified_subset(test.test_y.numpy(), fraction, seed=0)
+    write_idx(fmnist / "t10k-images-idx3-ubyte", test.test_x[keep, 0].numpy(), gz=True)
+    write_idx(fmnist / "t10k-labels-idx1-ubyte", test.test_y[keep].numpy().astype(np.uint8), gz=True)
+    return folder

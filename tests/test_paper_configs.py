@@ -30,13 +30,11 @@ import pytest
 import yaml
 
 from conftest import FMNIST_DIR, requires_fmnist
-from dataset_files import make_cifar, make_svhn, write_idx
+from dataset_files import fmnist_test_slice, make_cifar, make_svhn
 from dataset_files_more import make_femnist, make_isic, make_shakespeare, make_tiny
 from fedpcd.backends import run_experiment
 from fedpcd.config import Config
-from fedpcd.data.datasets import load_dataset
 from fedpcd.data.files import SKIP_CHECKSUMS_VAR
-from fedpcd.data.tensors import stratified_subset
 from fedpcd.resolve import config_from_dict
 from fedpcd.sweep.grid import expand_sweep
 
@@ -73,15 +71,7 @@ def data_root(tmp_path_factory):
     make_shakespeare(root / "shakespeare", roles=50, per_role=(3, 2))
     make_tiny(root, classes=20, per_class=100, val=40, side=16)
     make_isic(root / "isic2019", per_center=(6, 2))
-    fmnist = root / "fashion-mnist"
-    fmnist.mkdir()
-    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"):
-        (fmnist / name).symlink_to(FMNIST_DIR / name)
-    test = load_dataset("fmnist", root=FMNIST_DIR, download=False)
-    keep = stratified_subset(test.test_y.numpy(), 0.05, seed=0)
-    write_idx(fmnist / "t10k-images-idx3-ubyte", test.test_x[keep, 0].numpy(), gz=True)
-    write_idx(fmnist / "t10k-labels-idx1-ubyte", test.test_y[keep].numpy().astype(np.uint8), gz=True)
-    return root
+    return fmnist_test_slice(FMNIST_DIR, root, 0.05)
 
 
 def smoke_runs(path: Path, root: Path, out: Path) -> list:
