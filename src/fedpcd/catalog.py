@@ -16,11 +16,12 @@ import functools
 import importlib
 import json
 import sys
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from fedpcd.errors import UserError, close_matches, short
+from fedpcd.errors import close_matches, short
 from fedpcd.registry import PLUGIN_GROUPS, Registry
 
 # kind -> (the module holding its registry, the registry's name, the decorator calls that register into it)
@@ -72,25 +73,25 @@ def rendered_description(name: str) -> str | None:
     """What ``fedpcd list NAME`` says of the shipped component(s) or config section ``name``, as rendered
     into ``descriptions.json`` (no import of the component or of the config schema), while only the shipped
     components exist (:func:`from_source` of every kind); else None (``fedpcd.components.describe`` imports
-    and says it).
-
-    Raises:
-        UserError: A name the rendering lacks, which is then no component or section (``unknown_name``).
-    """
-    if not all(from_source(kind) for kind in HOMES) or not _rendered():
-        return None
-    if name not in _rendered() and not name.startswith(HF_PREFIX):
-        raise UserError(unknown_name(name))
-    return _rendered().get(name)
+    and says it)."""
+    return _rendered().get(name) if _rendering_applies() else None
 
 
-def unknown_name(name: str) -> str:
+def rendered_unknown(name: str) -> bool:
+    """Whether the rendering tells that ``name`` is no component and no config section (it applies and lacks
+    the name), so that its line (``unknown_name``) needs neither the components nor the config schema."""
+    return _rendering_applies() and name not in _rendered() and not name.startswith(HF_PREFIX)
+
+
+def _rendering_applies() -> bool:
+    return bool(_rendered()) and all(from_source(kind) for kind in HOMES)
+
+
+def unknown_name(name: str, configs: Iterable[str]) -> str:
     """The line for a name ``fedpcd list NAME`` does not know: its near names (``close_matches``) grouped by
-    kind (the components' and the shipped configs'), or that none is near."""
-    from fedpcd.config_input import shipped_configs
-
+    kind (the components' and the shipped ``configs``'), or that none is near."""
     named = [(f"{kind}s", list(catalog(kind))) for kind in HOMES]
-    near = [(kind, close_matches(name, names)) for kind, names in [*named, ("configs", shipped_configs())]]
+    near = [(kind, close_matches(name, names)) for kind, names in [*named, ("configs", configs)]]
     groups = "; ".join(f"{kind}: {', '.join(found)}" for kind, found in near if found)
     where = "`fedpcd list` names every component, `fedpcd list configs` every shipped config"
     if not groups:

@@ -156,9 +156,13 @@ def cmd_list(args: argparse.Namespace) -> None:
     if args.name == "configs":
         list_configs()
     elif args.name is not None:
-        from fedpcd.catalog import rendered_description  # shipped: as rendered; unknown: one line, no import
+        from fedpcd.catalog import rendered_description, rendered_unknown, unknown_name
 
-        text = rendered_description(args.name)
+        if rendered_unknown(args.name):  # its line without importing the components or the config schema
+            from fedpcd.config_input import shipped_configs
+
+            raise UserError(unknown_name(args.name, shipped_configs()))
+        text = rendered_description(args.name)  # a shipped component or section: as rendered
         if text is None:
             from fedpcd.components import describe  # plugins, hf:NAME, no rendering: imported
 

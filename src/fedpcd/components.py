@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from fedpcd.config import Config, DatasetConfig
 from fedpcd.config_identity import HF_COLUMNS
+from fedpcd.config_input import shipped_configs
 from fedpcd.errors import UserError
 from fedpcd.params import SECTIONS, param_description, param_spec, type_text
 from fedpcd.utils import plain_text, text_table
@@ -148,7 +149,7 @@ def describe(name: str) -> str:
     if not kinds and _section(name) is not None:
         return _section_block(name, _section(name))
     if not kinds:  # answered without importing the components (no torch)
-        raise UserError(unknown_name(name))
+        raise UserError(unknown_name(name, shipped_configs()))
     rendered = rendered_description(name)
     if rendered is not None:
         return rendered
