@@ -11,11 +11,12 @@ directive:
   ``minus=KEY``, ``unit="kB"`` with ``per=N``), accuracies in %; with ``ref`` paired by seed (the two runs of
   a pair may differ only in their method and the config keys ``vary="k1,k2"``), and the claim's values are
   the paired differences. ``{{ c }}`` writes "+1.23 ± 0.45 (5 seeds: ...)"; ``{{ c.mean|s(2) }}`` a signed
-  number, ``{{ c.std|f(2) }}`` an unsigned one; ``c.each[i]``, ``c.n``, ``c.run.mean``, ``c.ref.mean``,
-  ``c.total`` (stat="hours"). ``replicate="FOLDER"`` (a paired claim): FOLDER holds the same runs under the
-  same names rerun on another floating-point path (only ``engine`` differs, e.g. ``engine.threads=2``); each
-  seed's difference is then the mean of its two paths' differences, so the host's rounding noise enters the
-  t-test, and ``c.spread`` is the largest gap between a seed's two differences.
+  number, ``{{ c.std|f(2) }}`` an unsigned one; ``{{ c.seeds }}`` every seed's value; ``c.each[i]``, ``c.n``,
+  ``c.run.mean``, ``c.ref.mean``, ``c.total`` (stat="hours"). ``replicate="FOLDER"`` (a paired claim):
+  FOLDER holds the same runs under the same names rerun on another floating-point path (only ``engine``
+  differs, e.g. ``engine.threads=2``); each seed's difference is then the mean of its two paths'
+  differences, so the host's rounding noise enters the t-test, and ``c.spread`` is the largest gap between a
+  seed's two differences.
 - ``{{ label("NAME/GLOB") }}``: the method's name as `fedpcd report` gives those runs, e.g.
   "fedsc preset=official (overrides local.lr, ...)" for a preset run whose config overrides the preset.
 - ``{{ paper("KEY") }}``: a paper's own result, from ``templates/papers.yaml`` (setting, table, the method's
@@ -278,11 +279,14 @@ class Claim(Side):
     gaps: list[float] | None = None  # with a replicate: per seed, the gap between its two paths' differences
 
     def __str__(self) -> str:
-        signed = self.ref is not None
-        text = mean_std(self.each, signed=signed, scale=1.0)
-        per_seed = ", ".join(f"{v:+.2f}" if signed else f"{v:.2f}" for v in self.each)
+        text = mean_std(self.each, signed=self.ref is not None, scale=1.0)
         paths = "" if self.gaps is None else ", each the mean of 2 float paths"
-        return f"{text} ({self.n} seed{'s' if self.n != 1 else ''}{paths}: {per_seed})"
+        return f"{text} ({self.n} seed{'s' if self.n != 1 else ''}{paths}: {self.seeds})"
+
+    @property
+    def seeds(self) -> str:
+        """Every seed's value, "+2.58, -0.25, ..." (signed for a paired claim), as ``{{ c }}`` lists them."""
+        return ", ".join(f"{v:+.2f}" if self.ref is not None else f"{v:.2f}" for v in self.each)
 
     @property
     def spread(self) -> float:
