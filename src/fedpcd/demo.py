@@ -38,7 +38,7 @@ FEDSSA_NOTE = (
 )
 FEDSC_NOTE = (
     "FedSC runs at CPDR weight 0.01 instead of the paper's 1: with the paper's L1-sum distance, ~d times a "
-    "mean, weight 1 collapses training at this scale (GA 26-30% on Fashion-MNIST; docs/results/fedsc.md)."
+    "mean, weight 1 collapses training at this scale (Fashion-MNIST: docs/results/fedsc.md)."
 )
 
 
