@@ -64,10 +64,6 @@ def _edits(text: str, rng: random.Random, count: int) -> list[str]:
     return out
 
 
-# archive folders whose comparisons are being rerun from one clean commit, not all archived yet
-IN_RERUN = {"headline-fednh-fmnist"}
-
-
 def test_every_comparison_in_the_readme_is_of_one_clean_commit():
     env = render_docs.environment(ROOT)
     made, claim = [], env.globals["claim"]
@@ -80,7 +76,7 @@ def test_every_comparison_in_the_readme_is_of_one_clean_commit():
     render_docs.render(ROOT, "README.md", env)
     unclean = {c.label: c.code[1] for c in made if c.ref is not None and c.code is not None}
     assert len([c for c in made if c.ref is not None]) >= 15
-    assert {label.split("'")[1].partition("/")[0] for label in unclean} <= IN_RERUN, unclean
+    assert unclean == {}
 
 
 def test_random_single_edits_of_every_page_fail_the_check(rendered):
