@@ -89,10 +89,11 @@ demo: install-core
 # processes) first, each followed by another file, then the files with slow tests. pyproject.toml's addopts
 # leave out the tests marked `release`: they install the project again (a clone's `make install`, the wheel
 # in a fresh environment, which also runs every block of README.md and docs/getting-started.md: minutes), and
-# run in `make check-release` (CI runs both: .ci/run)
+# run in `make check-release` (CI runs both: .ci/run). The 25 slowest tests are listed at the end, where the
+# suite's time goes.
 test: install
 	ruff check src tests benchmarks
-	$(PY) -m pytest -rs -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -rs -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations 25
 
 check-release: install
 	$(PY) -m pytest -m release -n auto --maxprocesses 4 --dist loadfile

@@ -32,8 +32,9 @@ directive:
   a separation needs ``MIN_SEEDS`` seeds, and "too few seeds" is the sense of one on fewer.
 - ``{% set t = table("RUNS [fedpcd report options] [--setting S]") %}`` then ``{{ t.cell(row, column) }}``:
   a cell of `fedpcd report`'s table.
-- ``{{ report_page() }}``, ``{{ leaderboard_cells() }}``: the leaderboard page and its cells.csv, as
-  `benchmarks/leaderboard.sh` writes them.
+- ``{{ report_page("docs/leaderboard.md") }}``, ``{{ leaderboard_cells("docs/leaderboard.md") }}``: a
+  leaderboard page and its cells.csv, as `benchmarks/leaderboard.sh`'s `fedpcd report` call with that --out
+  writes them.
 - ``{{ bench("speed.json", "rows.0.ratio", 2) }}``: a number from a benchmark's archived JSON.
 - ``{{ scale.MIN_SEEDS }}``, ``scale.critical_t(n)``: the verdict scale's constants (fedpcd.report.verdict).
 - ``{{ descriptions() }}``: src/fedpcd/descriptions.json, what ``fedpcd list NAME`` says of every shipped
@@ -558,41 +559,44 @@ def build_table(repo: Path, text: str) -> Table:
 # ---- the leaderboard page and benchmark figures -----------------------------------------------------------
 
 
-def leaderboard_command(repo: Path) -> argparse.Namespace:
-    """The options of the `fedpcd report` call in benchmarks/leaderboard.sh."""
+def leaderboard_command(repo: Path, page: str) -> argparse.Namespace:
+    """The options of benchmarks/leaderboard.sh's `fedpcd report` call that writes ``page``."""
     text = (repo / LEADERBOARD_SCRIPT).read_text().replace("\\\n", " ")
-    line = next(x for x in text.splitlines() if x.strip().startswith("fedpcd report"))
-    words = shlex.split(line.split(">", 1)[0])[2:]
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("root")
     for option in ("--out", "--title", "--notes"):
         parser.add_argument(option)
     parser.add_argument("--last", type=int, default=5)
-    return parser.parse_known_args(words)[0]
+    for line in text.splitlines():
+        if line.strip().startswith("fedpcd report"):
+            options = parser.parse_known_args(shlex.split(line.split(">", 1)[0])[2:])[0]
+            if options.out == page:
+                return options
+    raise RenderError(f"{LEADERBOARD_SCRIPT} has no `fedpcd report` call with --out {page}")
 
 
-def report_page(repo: Path) -> str:
-    """The leaderboard page as benchmarks/leaderboard.sh's `fedpcd report` writes it, linking the figures
-    that script drew (they are not drawn here)."""
-    options = leaderboard_command(repo)
+def report_page(repo: Path, page: str) -> str:
+    """A leaderboard page as benchmarks/leaderboard.sh's `fedpcd report` writes it, linking the figures that
+    script drew (they are not drawn here)."""
+    options = leaderboard_command(repo, page)
     here = os.getcwd()
     os.chdir(repo)  # the page names its runs folder as the script gives it: relative to the repository
     try:
         text = write_report(options.root, None, options.last, title=options.title, notes=options.notes)
-        page = Path(options.out)
         figures = figure_sections(
             build_grid(load_runs(options.root)),
-            page.with_suffix(""),
-            lambda path: path.relative_to(page.parent).as_posix(),
+            Path(page).with_suffix(""),
+            lambda path: path.relative_to(Path(page).parent).as_posix(),
         )
     finally:
         os.chdir(here)
     return text.replace("\n## All runs", "\n" + "\n".join(figures) + "\n## All runs", 1)
 
 
-def leaderboard_cells(repo: Path) -> str:
-    """The leaderboard's cells.csv (every cell's mean and std) as benchmarks/leaderboard.sh writes it."""
-    options = leaderboard_command(repo)
+def leaderboard_cells(repo: Path, page: str) -> str:
+    """A leaderboard's cells.csv (every cell's mean and std) as benchmarks/leaderboard.sh writes it beside
+    ``page``."""
+    options = leaderboard_command(repo, page)
     return cells_csv(build_grid(load_runs(repo / options.root)), options.last)
 
 
@@ -764,8 +768,8 @@ def environment(repo: Path) -> jinja2.Environment:
         label=archive.label,
         legacy_note=archive.legacy_note,
         table=lambda text: build_table(repo, text),
-        report_page=lambda: report_page(repo),
-        leaderboard_cells=lambda: leaderboard_cells(repo),
+        report_page=lambda page: report_page(repo, page),
+        leaderboard_cells=lambda page: leaderboard_cells(repo, page),
         bench=lambda name, path, decimals=None: bench(repo, name, path, decimals),
         bench_value=lambda name, path: float(bench(repo, name, path)),
         scale=verdict_scale,

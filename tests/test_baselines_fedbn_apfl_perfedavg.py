@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 
 import pytest
 import torch
@@ -21,11 +22,13 @@ from torch import nn
 
 from conftest import requires_fmnist, seeded, tiny_client, tiny_mlp
 from fedpcd.algorithms import ALGORITHMS, ClientData, Context, LocalTraining, LocalWork, build_algorithm
-from fedpcd.algorithms.fedbn import BN_MODELS, batchnorm_keys
+from fedpcd.algorithms.common import local_steps
+from fedpcd.algorithms.fedbn import BN_MODELS
 from fedpcd.backends import run_experiment
 from fedpcd.cli import main
+from fedpcd.engine.federation import build_federation
 from fedpcd.errors import UserError
-from fedpcd.models import MODELS, build_model
+from fedpcd.models import MODELS, batchnorm_keys, build_model
 from fedpcd.resolve import load_config
 
 ONE_STEP = LocalTraining(epochs=1, batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0)  # 8 samples: 1 batch
@@ -136,6 +139,43 @@ def test_fedbn_keeps_every_batchnorm_tensor_local_and_averages_the_rest():
     new = alg.aggregate(dict(server), replies)["model"]
     for key in new:  # Alg. 1: equal sample counts, so the plain mean of the clients' non-BN tensors
         torch.testing.assert_close(new[key], (replies[0]["model"][key] + replies[1]["model"][key]) / 2)
+
+
+def test_a_batchnorm_model_never_trains_on_a_batch_of_one_sample():
+    """BatchNorm cannot normalise one sample in training (torch raises "Expected more than 1 value per
+    channel"): a client whose n_k is 1 more than a multiple of B leaves its last one-sample batch out where
+    its model has BatchNorm layers, and only then; a pass in eval mode (``training=False``) keeps it."""
+    local = LocalTraining(epochs=2, batch_size=2, lr=0.1)
+    data = _bn_client(0)
+    data.train_idx = torch.arange(5)  # 5 = 2 * 2 + 1
+    sizes = [len(y) for _, y in data.batches(2, seeded())]
+    assert sizes == [2, 2, 1] and local_steps(data, local) == 6
+    data.batchnorm = True
+    kept = [y for _, y in data.batches(2, seeded())]
+    assert [len(y) for y in kept] == [2, 2] and local_steps(data, local) == 4
+    whole = [y for _, y in data.batches(2, seeded(), training=False)]
+    assert [len(y) for y in whole] == [2, 2, 1]
+    assert all(torch.equal(a, b) for a, b in zip(kept, whole, strict=False))  # the same order, less the last
+    alg = _alg("fedbn", local)
+    torch.manual_seed(0)
+    model = build_model("simplecnn_bn", 1, 3, 16)
+    work = LocalWork(alg.payload_for(alg.init_server(model), 0), None, seeded())
+    _, state = alg.local_update(model, data, work)
+    assert work.steps == 4 and int(state["bn1.num_batches_tracked"]) == 4
+    data.batchnorm = False
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        alg.local_update(model, data, LocalWork(work.received, state, seeded()))
+
+
+def test_the_federation_marks_the_clients_whose_architecture_has_batchnorm():
+    config = load_config(
+        None, ["dataset.name=synthetic", "clients=4", "model.name=[mlp, mlp_bn]", "algorithm.name=fedproto"]
+    )
+    fed = build_federation(config)
+    assert fed.batchnorm == {"mlp_bn"}
+    assert [c.batchnorm for c in fed.clients] == [False, True, False, True]
+    worker = pickle.loads(pickle.dumps(fed))  # as the worker pool receives it: the clients rebuilt
+    assert [c.batchnorm for c in worker.clients] == [False, True, False, True]
 
 
 def test_fedbn_refuses_a_model_without_batchnorm_in_one_line(tmp_path, capsys):

@@ -332,7 +332,12 @@ class LocalTraining(Section):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     epochs: int = Field(1, ge=1, description="Passes over its training data each client makes per round.")
-    batch_size: int = Field(64, ge=1, description="Mini-batch size of local SGD.")
+    batch_size: int = Field(
+        64,
+        ge=1,
+        description="Mini-batch size of local SGD. A pass's last batch may be smaller; one of a single sample "
+        "is left out where the model has BatchNorm layers, which cannot normalise one sample in training.",
+    )
     lr: float = Field(0.01, gt=0.0, description="Learning rate of local SGD (in round 1; see lr_decay).")
     lr_decay: float = Field(
         1.0,

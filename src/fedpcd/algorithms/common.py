@@ -18,9 +18,10 @@ from fedpcd.params import LocalTraining
 Weighting = Literal["samples", "uniform"]  # aggregation weights: n_k or 1 per reply
 
 
-def local_steps(num_samples: int, local: LocalTraining) -> int:
-    """K = ceil(n_k / B) * E, the number of local SGD steps (the shared loop keeps the last short batch)."""
-    return math.ceil(num_samples / local.batch_size) * local.epochs
+def local_steps(data: ClientData, local: LocalTraining) -> int:
+    """K = ceil(n_k / B) * E, the number of local SGD steps (the shared loop keeps the last short batch, but
+    one of a single sample where the model has BatchNorm layers: ``ClientData.batches_per_pass``)."""
+    return data.batches_per_pass(local.batch_size) * local.epochs
 
 
 def round_lr(local: LocalTraining, rnd: int) -> float:

@@ -99,6 +99,8 @@ class ClientData:
     local_test_idx: Tensor  # this client's local test split, indices into the test set
     num_classes: int
     augment: bool = False
+    # the client's model has BatchNorm layers, which cannot normalise a batch of one sample in training
+    batchnorm: bool = False
 
     @property
     def num_samples(self) -> int:
@@ -109,13 +111,22 @@ class ClientData:
         """Training samples per class, shape [C] (the client's label distribution, unnormalised)."""
         return torch.bincount(self.y[self.train_idx], minlength=self.num_classes)
 
-    def batches(self, batch_size: int, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
-        """One shuffled pass over the client's samples (last batch may be smaller), augmented if set.
+    def batches_per_pass(self, batch_size: int, training: bool = True) -> int:
+        """The batches of one pass: ceil(n_k / B), less, in training, a last batch of one sample where the
+        model has BatchNorm layers (left out, as a data loader's ``drop_last`` would, but only that one)."""
+        full, rest = divmod(self.num_samples, batch_size)
+        return full + int(rest > 1 or (rest == 1 and not (training and self.batchnorm)))
+
+    def batches(
+        self, batch_size: int, generator: torch.Generator, training: bool = True
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """One shuffled pass over the client's samples (last batch may be smaller), augmented if set:
+        :meth:`batches_per_pass` batches (``training=False``: every sample, for a pass in eval mode).
 
         The permutation is drawn from ``generator`` (a CPU one: the same batches on every device)."""
         perm = torch.randperm(self.num_samples, generator=generator).to(self.train_idx.device)
         order = self.train_idx[perm]
-        for start in range(0, len(order), batch_size):
+        for start in range(0, self.batches_per_pass(batch_size, training) * batch_size, batch_size):
             idx = order[start : start + batch_size]
             xb = self.x[idx]
             if self.augment:

@@ -29,18 +29,10 @@ from torch import nn
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor
 from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.errors import UserError
+from fedpcd.models import batchnorm_keys
 
 # The registered models with BatchNorm layers (with their default parameters, except where noted).
 BN_MODELS = ("simplecnn_bn", "mlp_bn", "resnet10", "resnet18", "wrn", "efficientnet_b0")
-
-
-def batchnorm_keys(model: nn.Module) -> list[str]:
-    """The state-dict keys of the model's BatchNorm layers (weights, biases, running statistics, counters),
-    in state-dict order."""
-    prefixes = tuple(
-        f"{name}." for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-    )
-    return [k for k in model.state_dict() if prefixes and k.startswith(prefixes)]
 
 
 @ALGORITHMS.register("fedbn")

@@ -171,7 +171,7 @@ def class_feature_means(
     if augmented:
         if rng is None:
             raise ValueError("augmented class means need the client's generator")
-        batches: Iterable[tuple[Tensor, Tensor]] = data.batches(512, rng)
+        batches: Iterable[tuple[Tensor, Tensor]] = data.batches(512, rng, training=False)
     else:
         idx = data.train_idx
         batches = ((data.x[idx[i : i + 512]], data.y[idx[i : i + 512]]) for i in range(0, len(idx), 512))

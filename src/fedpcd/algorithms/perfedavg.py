@@ -75,7 +75,7 @@ class PerFedAvg(FedAvg):
         batches = endless_batches(data, cfg.batch_size, work.rng)
         model.train()
         total, seen = 0.0, 0
-        for _ in range(local_steps(data.num_samples, cfg)):
+        for _ in range(local_steps(data, cfg)):
             w = [p.detach().clone() for p in params]
             _step(params, gradients(self, model, next(batches), work)[0], self.alpha)  # w_tilde
             batch = next(batches)

@@ -35,7 +35,7 @@ from fedpcd.engine.metrics import (
     predict,
 )
 from fedpcd.errors import UserError
-from fedpcd.models import build_model
+from fedpcd.models import batchnorm_keys, build_model
 from fedpcd.run_format import ANGLES
 
 
@@ -49,6 +49,7 @@ class Federation:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     test_x: torch.Tensor | None = None  # the normalised test set on ``device`` (GA)
     test_y: torch.Tensor | None = None
+    batchnorm: frozenset[str] = frozenset()  # the architectures with BatchNorm (``ClientData.batchnorm``)
     _models: dict[str, tuple[nn.Module, dict[str, torch.Tensor]]] = field(default_factory=dict, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -65,7 +66,7 @@ class Federation:
         self.clients = []
         if shared is not None:
             self.clients = make_clients(
-                self.config, self.dataset, self.partition, *shared, self.test_x, self.test_y
+                self.config, self.dataset, self.partition, *shared, self.test_x, self.test_y, self.batchnorm
             )
 
     def new_model(self, architecture: str | None = None) -> nn.Module:
@@ -161,15 +162,14 @@ def build_federation(config: Config) -> Federation:
     )
     x, test_x = (ds.normalized(split).to(device) for split in ("train", "test"))
     train_y, test_y = ds.train_y.to(device), ds.test_y.to(device)
-    clients = make_clients(config, ds, partition, x, train_y, test_x, test_y)
-    with torch.random.fork_rng(devices=[]):  # a throw-away model: the run's random streams are untouched
-        reference = build_model(
-            config.model.architecture(0),
-            ds.in_channels,
-            ds.num_classes,
-            ds.image_size,
-            **config.model.params(),
-        )
+    with torch.random.fork_rng(devices=[]):  # throw-away models: the run's random streams are untouched
+        models = {
+            arch: build_model(arch, ds.in_channels, ds.num_classes, ds.image_size, **config.model.params())
+            for arch in config.model.architectures(config.clients)
+        }
+    reference = models[config.model.architecture(0)]
+    batchnorm = frozenset(arch for arch, model in models.items() if batchnorm_keys(model))
+    clients = make_clients(config, ds, partition, x, train_y, test_x, test_y, batchnorm)
     ctx = Context(
         num_clients=config.clients,
         num_classes=ds.num_classes,
@@ -180,7 +180,7 @@ def build_federation(config: Config) -> Federation:
         input_shape=(ds.in_channels, ds.image_size, ds.image_size),
         parameter_names=tuple(param_names(reference)),
     )
-    return Federation(config, ds, partition, clients, ctx, device, test_x, test_y)
+    return Federation(config, ds, partition, clients, ctx, device, test_x, test_y, batchnorm)
 
 
 def make_clients(
@@ -191,8 +191,10 @@ def make_clients(
     y: torch.Tensor,
     test_x: torch.Tensor,
     test_y: torch.Tensor,
+    batchnorm: frozenset[str] = frozenset(),
 ) -> list[ClientData]:
-    """Every client as index tensors (on the tensors' device) into the shared normalised tensors."""
+    """Every client as index tensors (on the tensors' device) into the shared normalised tensors;
+    ``batchnorm``: the architectures with BatchNorm layers (their clients train on no batch of one sample)."""
     device = x.device
     return [
         ClientData(
@@ -205,6 +207,7 @@ def make_clients(
             local_test_idx=torch.as_tensor(partition.test[k], dtype=torch.long, device=device),
             num_classes=ds.num_classes,
             augment=ds.augment,
+            batchnorm=config.model.architecture(k) in batchnorm,
         )
         for k in range(config.clients)
     ]

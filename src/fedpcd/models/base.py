@@ -145,3 +145,12 @@ def head_keys(model: nn.Module) -> list[str]:
 def backbone_keys(model: nn.Module) -> list[str]:
     """All other state_dict keys (parameters and buffers, e.g. BatchNorm statistics), in state_dict order."""
     return [k for k in model.state_dict() if not k.startswith(HEAD_PREFIX)]
+
+
+def batchnorm_keys(model: nn.Module) -> list[str]:
+    """The state-dict keys of the model's BatchNorm layers (weights, biases, running statistics, counters),
+    in state-dict order."""
+    prefixes = tuple(
+        f"{name}." for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    )
+    return [k for k in model.state_dict() if prefixes and k.startswith(prefixes)]
