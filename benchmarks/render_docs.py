@@ -91,6 +91,8 @@ PAGES = [
     "README.md",
     "docs/leaderboard.md",
     "docs/leaderboard/cells.csv",
+    "docs/leaderboard-bn.md",
+    "docs/leaderboard-bn/cells.csv",
     "docs/performance.md",
     "src/fedpcd/descriptions.json",  # what `fedpcd list NAME` prints without importing torch
     *(

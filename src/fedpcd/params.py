@@ -335,8 +335,9 @@ class LocalTraining(Section):
     batch_size: int = Field(
         64,
         ge=1,
-        description="Mini-batch size of local SGD. A pass's last batch may be smaller; one of a single sample "
-        "is left out where the model has BatchNorm layers, which cannot normalise one sample in training.",
+        description="Mini-batch size of local SGD. A pass's last batch may be smaller; one of a single "
+        "sample is left out where the model has BatchNorm layers, which cannot normalise one sample in "
+        "training.",
     )
     lr: float = Field(0.01, gt=0.0, description="Learning rate of local SGD (in round 1; see lr_decay).")
     lr_decay: float = Field(
