@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_mlp
+from conftest import tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms.common import local_steps
 from fedpcd.algorithms.fednova import effective_steps
@@ -75,8 +75,9 @@ def _set_grads(model, value: float) -> None:
 
 
 def test_local_steps_is_ceil_n_over_b_times_epochs():
-    assert local_steps(10, LocalTraining(epochs=2, batch_size=4)) == 6  # 3 batches (4, 4, 2) x 2 epochs
-    assert local_steps(8, LocalTraining(epochs=1, batch_size=4)) == 2
+    ten, eight = (tiny_client(torch.arange(n) % 3, 3, seed=0) for n in (10, 8))
+    assert local_steps(ten, LocalTraining(epochs=2, batch_size=4)) == 6  # 3 batches (4, 4, 2) x 2 epochs
+    assert local_steps(eight, LocalTraining(epochs=1, batch_size=4)) == 2
 
 
 # ----- FedProx -----
