@@ -43,7 +43,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from scipy.optimize import nnls
 from torch import Tensor, nn
 
 from fedpcd.algorithms.common import ClassSums, aggregate_prototypes, class_means_reply
@@ -78,6 +77,8 @@ def collaboration_weights(variances: Tensor, h: Tensor) -> Tensor:
     """[m, m]: row i holds alpha_i, the minimiser of alpha^T (diag(V) + D_i) alpha on the simplex (Eqs.
     10-12), weights below ``MIN_WEIGHT`` set to 0 and the row renormalised; ``variances`` [m], ``h``
     [m, C, d]."""
+    from scipy.optimize import nnls  # here, not at import: SciPy's optimisers take 0.4 s to import
+
     v = variances.detach().double().cpu().numpy()
     flat = h.detach().double().cpu().flatten(1).numpy()  # [m, C d]
     m = len(v)
