@@ -3,6 +3,8 @@ signals at their defaults."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -169,17 +171,24 @@ SRC = str(Path(fedpcd.__file__).resolve().parents[1])  # this checkout's package
 TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "local.batch_size=32", "clients=2"]
 
 
-def cli_run(argv: list[str], timeout: float = 120, **popen: object) -> subprocess.CompletedProcess[str]:
-    """The real command line, ``fedpcd ARGV``, to its end."""
-    env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run(
-        [sys.executable, "-m", "fedpcd.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        **popen,
-    )
+def cli_main(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``fedpcd ARGV`` through its entry point (``fedpcd.cli.main``) in this process, from ``cwd``: its exit
+    code, stdout and stderr as ``subprocess.run`` gives them, without a new interpreter (and torch's import)
+    per command. The tests of what a command says and writes use it; those of signals, processes and imports
+    start real processes (:func:`start_cli`)."""
+    from fedpcd.cli import main
+
+    out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        os.chdir(cwd or before)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(argv))
+            except SystemExit as exc:  # --help, argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["fedpcd", *argv], code, out.getvalue(), err.getvalue())
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cli_main
 from install_helpers import torch_requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,16 +124,8 @@ def test_what_the_readmes_report_commands_write_in_a_clone_is_ignored_by_git():
 
 
 def fedpcd_cli(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """The real `fedpcd` command of this environment on this checkout's code."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "fedpcd"), *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """`fedpcd ARGV` from ``cwd``, through the command's entry point in this process."""
+    return cli_main(list(argv), cwd)
 
 
 def test_did_you_mean_names_the_near_names_the_nearest_first():

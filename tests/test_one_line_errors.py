@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import SRC, TINY, cli_run, install_plugin, one_error_line, start_cli
+from conftest import SRC, TINY, cli_main, install_plugin, one_error_line, start_cli
 from fedpcd import procs_guard
 from fedpcd.cli import main
 from fedpcd.config_input import MAX_CONFIG_BYTES
@@ -349,11 +349,11 @@ def test_show_text_escapes_every_control_character_and_keeps_printable_text():
 
 def test_an_output_dir_with_an_escape_sequence_is_printed_escaped(tmp_path):
     out = tmp_path / "a\x1b[2Jb"
-    proc = cli_run(["run", "--quiet", *TINY, "rounds=1", f"output_dir={out}"], timeout=180)
+    proc = cli_main(["run", "--quiet", *TINY, "rounds=1", f"output_dir={out}"])
     assert proc.returncode == 0, proc.stderr
     assert "\x1b" not in proc.stdout and "\x1b" not in proc.stderr
     assert f"run directory: {tmp_path}/a\\x1b[2Jb  (" in proc.stdout
-    line = one_error_line(cli_run(["run", "--quiet", *TINY, "rounds=1", f"output_dir={out}"], timeout=180))
+    line = one_error_line(cli_main(["run", "--quiet", *TINY, "rounds=1", f"output_dir={out}"]))
     assert "\x1b" not in line and "a\\x1b[2Jb" in line  # already holds a run: the error line is escaped too
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, cli_run, one_error_line
+from conftest import TINY, cli_main, one_error_line
 from fedpcd.cli import main
 from fedpcd.errors import UserError
 
@@ -75,17 +75,17 @@ def _without_wall(run: Path) -> list[dict[str, object]]:
 def test_a_partition_json_changed_since_the_checkpoint_is_refused_at_resume(tmp_path):
     out = tmp_path / "run"
     argv = ["run", "--quiet", *TINY, "rounds=1", "engine.checkpoint_every=1", f"output_dir={out}"]
-    assert cli_run(argv, timeout=180).returncode == 0
+    assert cli_main(argv).returncode == 0
     more = ["run", "--quiet", "--resume", str(out), "--allow-config-change", "rounds"]
     config = (out / "config.yaml").read_text()
     (out / "config.yaml").write_text(config.replace("rounds: 1\n", "rounds: 2\n"))
     partition = json.loads((out / "partition.json").read_text())
     (out / "partition.json").write_text(json.dumps(partition, indent=1))  # same data, other bytes: changed
-    line = one_error_line(cli_run(more, timeout=120))
+    line = one_error_line(cli_main(more))
     assert line == (
         f"fedpcd: error: {out}/partition.json changed since the checkpoint (its SHA-256 differs): a run "
         "cannot go on with another partition; restore the file or start a new run"
     )
     (out / "partition.json").write_text(json.dumps(partition))  # as the run wrote it: it goes on
-    assert cli_run(more, timeout=180).returncode == 0
+    assert cli_main(more).returncode == 0
     assert [r["round"] for r in _without_wall(out)] == [1, 2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TINY, cli_run, one_error_line
+from conftest import TINY, cli_main, one_error_line
 from fedpcd import api
 from fedpcd.errors import UserError
 from fedpcd.resolve import load_config
@@ -57,12 +57,12 @@ def test_a_device_is_refused_by_kind_and_a_large_file_by_size(tmp_path):
 def test_config_and_partition_files_that_are_not_regular_files_are_one_line_through_the_cli(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    line = one_error_line(cli_run(["config", "show", "--config", "/dev/zero"], timeout=60))
+    line = one_error_line(cli_main(["config", "show", "--config", "/dev/zero"]))
     assert line == "fedpcd: error: config file /dev/zero is a character device; give a regular file"
-    line = one_error_line(cli_run(["config", "show", "--config", str(fifo)], timeout=60))
+    line = one_error_line(cli_main(["config", "show", "--config", str(fifo)]))
     assert line == f"fedpcd: error: config file {fifo} is a FIFO (named pipe); give a regular file"
     argv = ["partition", *TINY, "partition.scheme=explicit", "partition.path=/dev/zero"]
-    line = one_error_line(cli_run(argv, timeout=120))
+    line = one_error_line(cli_main(argv))
     assert line.endswith("/dev/zero is a character device; give a regular file"), line
 
 
@@ -72,7 +72,7 @@ def test_a_run_file_that_is_a_link_is_refused_not_read(tmp_path, name):
     run = _finished_run(tmp_path / "runs" / "a")
     (run / name).unlink()
     (run / name).symlink_to(other / name)
-    line = one_error_line(cli_run(["report", str(tmp_path / "runs")], timeout=60))
+    line = one_error_line(cli_main(["report", str(tmp_path / "runs")]))
     assert line.endswith(
         f"{run / name} is a symbolic link; fedpcd never follows links in a run or sweep folder: replace it "
         "with the real file"
@@ -105,7 +105,7 @@ def test_a_summary_out_of_its_schema_is_one_line_naming_the_file_and_field(tmp_p
     with pytest.raises(UserError) as caught:
         read_summary(run / "summary.json")
     assert str(caught.value) == f"summary file {run}/summary.json is not a fedpcd summary: {needle}"
-    line = one_error_line(cli_run(["report", str(tmp_path / "runs")], timeout=60))
+    line = one_error_line(cli_main(["report", str(tmp_path / "runs")]))
     assert line == f"fedpcd: error: summary file {run}/summary.json is not a fedpcd summary: {needle}"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SRC, TINY, cli_run, one_error_line, start_cli
+from conftest import SRC, TINY, cli_main, one_error_line, start_cli
 from fedpcd import procs_guard
 from fedpcd.cli import main
 from fedpcd.errors import STOP_SIGNALS
@@ -326,7 +326,7 @@ sys.exit(main(sys.argv[2:]))
 def test_a_run_killed_during_start_up_restarts_as_readme_says(tmp_path, at):
     ref, out = tmp_path / "ref", tmp_path / "out"
     argv = ["run", "--quiet", *TINY, "rounds=1"]
-    assert cli_run([*argv, f"output_dir={ref}"], timeout=180).returncode == 0
+    assert cli_main([*argv, f"output_dir={ref}"]).returncode == 0
     env = {**os.environ, "PYTHONPATH": SRC}
     killed = subprocess.run(
         [sys.executable, "-c", _KILL_START_UP_AT, at, *argv, f"output_dir={out}"],
@@ -336,14 +336,14 @@ def test_a_run_killed_during_start_up_restarts_as_readme_says(tmp_path, at):
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     if at == "partition.json":  # config.yaml is in place: the resume restarts it from round 0
-        again = cli_run(["run", "--quiet", "--resume", str(out)], timeout=180)
+        again = cli_main(["run", "--quiet", "--resume", str(out)])
     else:  # nothing to resume: the resume says so in one line, and the same command starts it again
-        line = one_error_line(cli_run(["run", "--quiet", "--resume", str(out)], timeout=60))
+        line = one_error_line(cli_main(["run", "--quiet", "--resume", str(out)]))
         assert line == (
             f"fedpcd: error: {out} was stopped before its run started (no config.yaml yet): start it again "
             "with the same fedpcd run command (same config and output_dir)"
         )
-        again = cli_run([*argv, f"output_dir={out}"], timeout=180)
+        again = cli_main([*argv, f"output_dir={out}"])
     assert again.returncode == 0, again.stderr
     assert _without_wall(out) == _without_wall(ref)
     assert not [p.name for p in out.rglob("*.tmp")]
