@@ -45,6 +45,8 @@ def commands(fedpcd: str) -> dict[str, list[str]]:
         "fedpcd init (a second time: exists)": [fedpcd, "init"],
         "fedpcd config show": [fedpcd, "config", "show"],
         "fedpcd run --config missing.yaml": [fedpcd, "run", "--config", "missing.yaml"],
+        "fedpcd run algorithm.name=fedgella (unknown)": [fedpcd, "run", "algorithm.name=fedgella"],
+        "fedpcd config show roundz=3 (unknown key)": [fedpcd, "config", "show", "roundz=3"],
     }
 
 

@@ -1,4 +1,5 @@
-"""The command line answers help, input errors, `init` and the listings without importing torch.
+"""The command line answers help, input errors (a config's file, keys, values and component names), `init` and
+the listings without importing torch.
 
 Each command runs in one fresh interpreter (this test process has torch loaded already), which reports after
 each command its exit code and whether torch is in ``sys.modules``."""
@@ -70,6 +71,13 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
         (["list", "fedavg"], 0),
         (["list", "simplecnn"], 0),
     ]
+    # a mistyped key, value or component name, and the checks that need no component (fedpcd.resolve); last,
+    # as they import the partition schemes' module, after which `fedpcd list NAME` reads the registries
+    mistakes = ["roundz=3", "local.lr=-1", "algorithm.name=fedfoo", "model.name=cnnn", "dataset.name=fmnistt"]
+    mistakes += ["partition.scheme=dirichlett", "partition.beta=-1", "model.clients={12: cnn1}"]
+    mistakes += ["engine.min_clients=50", "model.name=[]"]
+    for command in (["run"], ["partition"], ["config", "show"]):
+        expected += [([*command, mistake], 2) for mistake in mistakes]
     results = _run([argv for argv, _ in expected], tmp_path)
     assert [(argv, code) for argv, code, _ in results] == [(argv, code) for argv, code in expected]
     assert [argv for argv, _, torch in results if torch] == []
@@ -109,6 +117,34 @@ def test_an_unknown_name_is_answered_without_the_schema_or_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", UNKNOWN], cwd=tmp_path, capture_output=True, text=True)
     assert done.stdout == "[]\n"
     assert done.stderr.startswith("fedpcd: error: unknown name 'fedavgg'; did you mean algorithms: fedavg,")
+
+
+# each kind's unknown-name line as fedpcd.catalog tells it from the source (no torch), then as the imported
+# registry's own `get` raises it
+NAME_LINES = """
+import json, sys
+from fedpcd.catalog import HOMES, check_name, registry
+from fedpcd.errors import UserError
+def line(check):
+    try:
+        check()
+    except UserError as exc:
+        return str(exc)
+light = [line(lambda kind=kind: check_name(kind, "nosuch")) for kind in HOMES]
+torch_loaded = "torch" in sys.modules
+imported = [line(lambda kind=kind: registry(kind).get("nosuch")) for kind in HOMES]
+print(json.dumps([light, torch_loaded, imported]))
+"""
+
+
+@pytest.mark.slow
+def test_an_unknown_component_in_a_config_is_the_registrys_line_without_torch(tmp_path):
+    done = subprocess.run([sys.executable, "-c", NAME_LINES], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    light, torch_loaded, registries = json.loads(done.stdout)
+    assert not torch_loaded
+    assert light == registries
+    assert light[list(HOMES).index("dataset")].endswith(", or hf:<owner>/<name> (a Hugging Face dataset)")
 
 
 # `fedpcd list fedavg` where descriptions.json is missing: the component is imported (torch with it)

@@ -21,7 +21,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from fedpcd.errors import close_matches, short
+from fedpcd.errors import UserError, choices, close_matches, short
 from fedpcd.registry import PLUGIN_GROUPS, Registry
 
 # kind -> (the module holding its registry, the registry's name, the decorator calls that register into it)
@@ -33,6 +33,7 @@ HOMES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 _PACKAGE = Path(__file__).parent
 HF_PREFIX = "hf:"  # dataset names hf:<hub name>: any Hugging Face dataset, known without registering
+HF_CHOICE = f"{HF_PREFIX}<owner>/<name> (a Hugging Face dataset)"  # the last valid choice of a dataset name
 # what `fedpcd list NAME` says of each shipped component, rendered by fedpcd.components.shipped_descriptions
 DESCRIPTIONS = _PACKAGE / "descriptions.json"
 
@@ -108,6 +109,15 @@ def _rendered() -> dict[str, str]:
 def holds(kind: str, name: str) -> bool:
     """Whether ``name`` is a component of ``kind``: registered, or (a dataset) any ``hf:<hub name>``."""
     return name in catalog(kind) or (kind == "dataset" and name.startswith(HF_PREFIX))
+
+
+def check_name(kind: str, name: str) -> None:
+    """A UserError naming the near and the valid names unless ``name`` is a component of ``kind``
+    (:func:`holds`): the registry's own message, told from the source while only the shipped components
+    exist (no torch)."""
+    if not holds(kind, name):
+        error = choices(kind, name, list(catalog(kind)))
+        raise UserError(f"{error}, or {HF_CHOICE}") if kind == "dataset" else error
 
 
 @functools.cache

@@ -64,11 +64,17 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Con
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Validate and resolve a config given as a (nested) dict."""
-    from fedpcd.algorithms.presets import apply_preset
+    """Validate and resolve a config given as a (nested) dict.
 
+    Without a preset the schema's checks and the components' names come before any component's module is
+    imported, so a mistyped key, value or name is told without importing torch; the presets are declared by
+    the algorithms' classes (:func:`fedpcd.algorithms.presets.apply_preset`)."""
     check_values(raw)
-    raw = apply_preset(raw)
+    section = raw.get("algorithm")
+    if isinstance(section, dict) and section.get("preset") is not None:
+        from fedpcd.algorithms.presets import apply_preset
+
+        raw = apply_preset(raw)
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
@@ -82,11 +88,6 @@ def resolve_model_params(config: Config) -> dict[str, Any]:
     from fedpcd.models import MODELS
 
     m = config.model
-    if isinstance(m.name, list) and not m.name:
-        raise UserError(f"model.name is an empty list; give one or more of: {', '.join(MODELS.names())}")
-    bad = sorted(k for k in m.clients if not 0 <= k < config.clients)
-    if bad:
-        raise UserError(f"model.clients names client {bad[0]}, but clients are 0..{config.clients - 1}")
     archs = m.architectures(config.clients)
     checked = [validate_params("model", arch, MODELS.get(arch), m.params()) for arch in archs]
     common = set.intersection(*(set(own) for own in checked))
@@ -175,14 +176,37 @@ def _check_secagg(config: Config, algo_cls: type) -> None:
         )
 
 
+def _check_names(config: Config) -> None:
+    """The dataset, partition scheme, architectures (for clients that exist) and algorithm are components
+    (``fedpcd.catalog``, which knows the shipped ones without importing them)."""
+    from fedpcd.catalog import catalog, check_name
+
+    check_name("dataset", config.dataset.name)
+    check_name("partition scheme", config.partition.scheme)
+    m = config.model
+    if isinstance(m.name, list) and not m.name:
+        raise UserError(f"model.name is an empty list; give one or more of: {', '.join(catalog('model'))}")
+    bad = sorted(k for k in m.clients if not 0 <= k < config.clients)
+    if bad:
+        raise UserError(f"model.clients names client {bad[0]}, but clients are 0..{config.clients - 1}")
+    for arch in m.architectures(config.clients):
+        check_name("model", arch)
+    check_name("algorithm", config.algorithm.name)
+
+
 def resolve(config: Config) -> Config:
     """Check names and fill the scheme's, model's and algorithm's parameter defaults."""
-    from fedpcd.algorithms import ALGORITHMS, algorithm_params
-    from fedpcd.data.datasets import DATASETS
     from fedpcd.data.partition import resolve_params
 
-    DATASETS.get(config.dataset.name)
+    # what needs no torch first: a mistake there is told without importing the models and algorithms
+    _check_names(config)
     partition = resolve_params(config.partition.scheme, config.partition.params())
+    _check_min_clients(config)
+    _check_geometry(config)
+    from fedpcd.algorithms import ALGORITHMS, algorithm_params
+    from fedpcd.data.datasets import DATASETS
+
+    DATASETS.get(config.dataset.name)
     model = resolve_model_params(config)
     algo_cls = ALGORITHMS.get(config.algorithm.name)
     if len(config.model.architectures(config.clients)) > 1 and not algo_cls.heterogeneous:
@@ -192,9 +216,7 @@ def resolve(config: Config) -> Config:
             f"model.clients give several; model-heterogeneous algorithms: {able or '(none)'}"
         )
     algorithm = algorithm_params(config.algorithm.name, config.algorithm.params())
-    _check_min_clients(config)
     _check_secagg(config, algo_cls)
-    _check_geometry(config)
     data = config.to_dict()
     data["partition"] = {"scheme": config.partition.scheme, **partition}
     data["model"] = {"name": config.model.name, "clients": config.model.clients, **model}

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedpcd.catalog import HF_PREFIX  # dataset names hf:<hub name>: fedpcd.data.hf
+from fedpcd.catalog import HF_CHOICE, HF_PREFIX  # dataset names hf:<hub name>: fedpcd.data.hf
 from fedpcd.data.cifar import (
     CIFAR10_DIR,
     CIFAR10_MD5,
@@ -83,7 +83,7 @@ class DatasetRegistry(Registry[Loader]):
         try:
             return super().get(name)
         except UserError as exc:
-            raise UserError(f"{exc}, or {HF_PREFIX}<owner>/<name> (a Hugging Face dataset)") from None
+            raise UserError(f"{exc}, or {HF_CHOICE}") from None
 
     def __contains__(self, name: object) -> bool:
         return (isinstance(name, str) and name.startswith(HF_PREFIX)) or super().__contains__(name)
