@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fedpcd.labels import overrides_suffix, run_label
-from fedpcd.report.groups import flatten, group_runs, preset_keys, setting_columns
+from fedpcd.report.groups import group_runs, preset_keys, setting_columns
 from fedpcd.report.read import Run
 from fedpcd.report.stats import last_mean
 
@@ -88,7 +88,7 @@ def build_grid(runs: Sequence[Run], reference: str = "fedavg") -> Grid:
     varying, _ = group_runs(list(runs))
     method_keys = [k for k in varying if k.partition(".")[0] == METHOD_SECTION]
     setting_keys = [k for k in varying if k.partition(".")[0] != METHOD_SECTION]
-    flats = [flatten(run.config) for run in runs]
+    flats = [run.flat for run in runs]
     # the keys a run's preset sets (at the preset's value) are its method's: they name no setting
     presets = [preset_keys(run) for run in runs]
     usual = {

@@ -10,30 +10,17 @@ import functools
 import json
 from typing import Any
 
-from fedpcd.config_identity import run_setting
 from fedpcd.errors import UserError
-from fedpcd.report.read import Run
+from fedpcd.report.read import Run, flatten
 from fedpcd.run_format import CODE, code_key, same_code
 
 IGNORED = {"seed", "output_dir"}
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A config as dotted keys -> values; a list or mapping as JSON text, a partition's ``then`` whole."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value and key != "then":
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
-    return out
-
-
 def without_algorithm(run: Run, method_keys: frozenset[str] = frozenset()) -> str:
     """A run's whole setting but its algorithm (seed included), and but ``method_keys``: runs equal in it
     form a pair."""
-    flat = flatten(run_setting(run.config))
+    flat = run.setting
     return json.dumps(
         {k: v for k, v in flat.items() if not k.startswith("algorithm.") and k not in method_keys},
         sort_keys=True,
@@ -49,7 +36,7 @@ def preset_keys(run: Run) -> frozenset[str]:
     section = run.config.get("algorithm", {})
     if section.get("preset") is None:
         return frozenset()
-    flat = flatten(run.config)
+    flat = run.flat
     values = preset_values(section["name"], section["preset"])
     return frozenset(k for k, v in values.items() if not k.startswith("algorithm.") and flat.get(k) == v)
 
@@ -115,7 +102,7 @@ def _code_label(code: dict[str, Any] | None) -> str:
 
 def group_runs(runs: list[Run]) -> tuple[list[str], dict[tuple, list[Run]]]:
     """Group seeds of the same setting; returns the config keys that differ between groups and the groups."""
-    flat = [{k: v for k, v in flatten(run_setting(r.config)).items() if k not in IGNORED} for r in runs]
+    flat = [{k: v for k, v in r.setting.items() if k not in IGNORED} for r in runs]
     keys = sorted({k for f in flat for k in f})
     varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flat}) > 1]
     groups: dict[tuple, list[Run]] = {}

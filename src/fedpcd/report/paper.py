@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from fedpcd.config_identity import run_setting
 from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
 from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, is_reference, run_value
-from fedpcd.report.groups import flatten, paired_run, without_algorithm
-from fedpcd.report.read import Run
+from fedpcd.report.groups import paired_run, without_algorithm
+from fedpcd.report.read import Run, flatten
 from fedpcd.report.stats import last_rounds_phrase, mean_bytes, mean_std, swing
 from fedpcd.report.verdict import critical_t, separation
 from fedpcd.run_format import GA, HEADLINE, REPORTED

@@ -4,6 +4,7 @@ that stopped listed."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,18 @@ from fedpcd.run_read import read_metrics, read_summary
 from fedpcd.utils import path_error, read_json, show_path
 
 
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config as dotted keys -> values; a list or mapping as JSON text, a partition's ``then`` whole."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key != "then":
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+    return out
+
+
 @dataclass
 class Run:
     """A finished run as the report reads it: its folder, config (current form), records and summary."""
@@ -24,6 +37,18 @@ class Run:
     config: dict[str, Any]
     records: list[dict[str, Any]]
     summary: dict[str, Any]
+
+    @functools.cached_property
+    def flat(self) -> dict[str, Any]:
+        """Its config as dotted keys (:func:`flatten`), computed once: a report's grouping and pairing ask
+        for it many times per run."""
+        return flatten(self.config)
+
+    @functools.cached_property
+    def setting(self) -> dict[str, Any]:
+        """Its setting as dotted keys: the config without what changes no number
+        (``fedpcd.config_identity.run_setting``), flattened, computed once."""
+        return flatten(run_setting(self.config))
 
 
 def _is_number(value: Any) -> bool:
