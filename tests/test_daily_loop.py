@@ -38,11 +38,12 @@ def make_dry(venv: Path, *targets: str) -> str:
 
 
 def fake_venv(tmp_path: Path, *stamps: str) -> Path:
-    """An environment folder with a python and the given install stamps, newer than the Makefile."""
+    """An environment folder with a python and the given install stamps, newer than the files they depend on
+    (the Makefile and pyproject.toml: in a working copy either may be newer than the other)."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").touch()
-    newer = (ROOT / "Makefile").stat().st_mtime + 60
+    newer = max((ROOT / name).stat().st_mtime for name in ("Makefile", "pyproject.toml")) + 60
     for stamp in stamps:
         (venv / stamp).touch()
         os.utime(venv / stamp, (newer, newer))
