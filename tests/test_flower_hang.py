@@ -46,13 +46,10 @@ def _plugin(site: Path) -> None:
     (site / "fedpcd_hang.py").write_text(_HANG)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("ctrl_c", [False, True], ids=["on-its-own", "ctrl-c-after-the-summary"])
-def test_a_hung_client_app_does_not_hold_a_finished_flower_run(tmp_path, ctrl_c):
-    site, out = tmp_path / "site", tmp_path / "run"
-    _plugin(site)
+def _start(tmp_path: Path, site: Path) -> subprocess.Popen[bytes]:
+    """A 2-round Flower run in ``tmp_path`` whose client 0 hangs in round 2 (the plugin in ``site``)."""
     for sub in ("flwr-home", "ray"):
-        (tmp_path / sub).mkdir()
+        (tmp_path / sub).mkdir(parents=True)
     env = {
         **os.environ,
         "PYTHONPATH": f"{SRC}{os.pathsep}{site}",
@@ -65,41 +62,63 @@ def test_a_hung_client_app_does_not_hold_a_finished_flower_run(tmp_path, ctrl_c)
         *("run", "--quiet", "backend=flower", "dataset.name=synthetic", "model.name=mlp", "model.hidden=8"),
         # the timeout is the test's wait for the hung client; a healthy ClientApp answers round 1 of this tiny
         # model, its Ray actor's start included, in about 2.5 s on a loaded 2-core machine
-        *("local.batch_size=32", "clients=2", "rounds=2", "flower.round_timeout=30", f"output_dir={out}"),
+        *("local.batch_size=32", "clients=2", "rounds=2", "flower.round_timeout=30"),
+        f"output_dir={tmp_path / 'run'}",
     ]
     with open(tmp_path / "err", "wb") as err:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "fedpcd.cli", *argv],
             stdout=subprocess.DEVNULL,
             stderr=err,
             env=env,
             start_new_session=True,
         )
-    seen: set[procs.Proc] = set()
+
+
+@pytest.mark.slow
+def test_a_hung_client_app_does_not_hold_a_finished_flower_run(tmp_path):
+    """Two such runs side by side (each mostly waits out the round timeout): one left to end on its own, one
+    sent a Ctrl-C once its summary is written (while the hung ClientApp is being stopped)."""
+    site = tmp_path / "site"
+    _plugin(site)
+    folders = {"on-its-own": tmp_path / "alone", "ctrl-c-after-the-summary": tmp_path / "ctrl-c"}
+    started = {case: _start(folder, site) for case, folder in folders.items()}
+    seen: dict[str, set[procs.Proc]] = {case: set() for case in folders}
+    ctrl_c = {"ctrl-c-after-the-summary"}
     end = time.monotonic() + 600  # generous: Ray's start-up and shut-down take minutes on a loaded machine
     try:
-        while proc.poll() is None and time.monotonic() < end:
-            seen |= procs.descendants(proc.pid)
-            if ctrl_c and (out / "summary.json").exists():
-                time.sleep(1.0)  # the ServerApp has returned; the hung ClientApp is stopped after 5 s
-                proc.send_signal(signal.SIGINT)
-                ctrl_c = False
+        while any(p.poll() is None for p in started.values()) and time.monotonic() < end:
+            for case, proc in started.items():
+                if proc.poll() is not None:
+                    continue
+                seen[case] |= procs.descendants(proc.pid)
+                if case in ctrl_c and (folders[case] / "run" / "summary.json").exists():
+                    time.sleep(1.0)  # the ServerApp has returned; the hung ClientApp is stopped after 5 s
+                    proc.send_signal(signal.SIGINT)
+                    ctrl_c.discard(case)
             time.sleep(0.2)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            pytest.fail("the finished Flower run did not exit: " + (tmp_path / "err").read_text()[-2000:])
-    stderr = (tmp_path / "err").read_text(errors="replace")
-    assert proc.returncode == 0, stderr[-2000:]
-    assert "interrupted" not in stderr and "Traceback" not in stderr, stderr[-2000:]
-    assert json.loads((out / "summary.json").read_text())["rounds"] == 2
-    assert (
-        "round 2: client 0 failed (TimeoutError: no reply within the round timeout (30 s))"
-        in (out / "run.log").read_text()
-    )
-    assert len(seen) >= 3  # Ray ran
-    assert not procs.wait_gone(seen, 30.0), "processes of the run left"
+        hung = [case for case, proc in started.items() if proc.poll() is None]
+        for case in hung:
+            os.killpg(started[case].pid, signal.SIGKILL)
+            started[case].wait()
+        if hung:
+            pytest.fail(f"the finished Flower run ({hung[0]}) did not exit: " + _err(folders[hung[0]]))
+    for case, folder in folders.items():
+        stderr = _err(folder)
+        assert started[case].returncode == 0, (case, stderr)
+        assert "interrupted" not in stderr and "Traceback" not in stderr, (case, stderr)
+        assert json.loads((folder / "run" / "summary.json").read_text())["rounds"] == 2, case
+        assert (
+            "round 2: client 0 failed (TimeoutError: no reply within the round timeout (30 s))"
+            in (folder / "run" / "run.log").read_text()
+        ), case
+        assert len(seen[case]) >= 3, case  # Ray ran
+        assert not procs.wait_gone(seen[case], 30.0), f"processes of the run left ({case})"
+
+
+def _err(folder: Path) -> str:
+    return (folder / "err").read_text(errors="replace")[-2000:]
 
 
 def test_message_workers_are_the_threads_in_flowers_message_loop():
