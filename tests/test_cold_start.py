@@ -1,5 +1,6 @@
-"""The command line answers help, input errors (a config's file, keys, values and component names), `init` and
-the listings without importing torch.
+"""The command line answers help, input errors (a config's file, keys, values and component names; a folder
+given to ``run --resume`` that holds no run; the demo's ``--out`` and overrides), `init` and the listings
+without importing torch.
 
 Each command runs in one fresh interpreter (this test process has torch loaded already), which reports after
 each command its exit code and whether torch is in ``sys.modules``."""
@@ -78,10 +79,18 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     mistakes += ["engine.min_clients=50", "model.name=[]"]
     for command in (["run"], ["partition"], ["config", "show"]):
         expected += [([*command, mistake], 2) for mistake in mistakes]
+    # a folder that holds no run (missing, empty, stopped before its config.yaml), and the demo's bad input
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "starting").mkdir()
+    (tmp_path / "starting" / ".lock").touch()
+    expected += [(["run", "--resume", folder], 2) for folder in ("missing", "empty", "starting", "bad.yaml")]
+    expected += [(["run", "--resume", "empty", "rounds=3"], 2), (["demo", "--out", "bad.yaml"], 2)]
+    expected += [(["demo", "--out", "demo-out", mistake], 2) for mistake in ("roundz=3", "local.lr=-1")]
     results = _run([argv for argv, _ in expected], tmp_path)
     assert [(argv, code) for argv, code, _ in results] == [(argv, code) for argv, code in expected]
     assert [argv for argv, _, torch in results if torch] == []
     assert (tmp_path / "fedpcd.yaml").is_file()
+    assert not (tmp_path / "demo-out").exists()
 
 
 # an algorithm with presets, a model, a dataset, a partition scheme, a config section

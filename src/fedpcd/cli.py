@@ -77,6 +77,9 @@ def _resume(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             "--resume takes the run directory and its config.yaml as written; of the overrides only "
             "rounds=N (more rounds: the run is extended), others with --allow-config-change KEY=VALUE"
         )
+    from fedpcd.run_format import RunFiles
+
+    RunFiles(args.resume).check_resumable()  # a folder that is no run: told before torch is imported
     from fedpcd.backends import resume_run
 
     args.resume_hint = f"fedpcd run --resume {args.resume}"
@@ -173,9 +176,16 @@ def cmd_list(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from fedpcd.demo import run_demo
+    from fedpcd.config_input import shipped_configs
+    from fedpcd.resolve import load_config
+    from fedpcd.utils import check_writable
 
     root = Path(args.out or f"runs/demo-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    # a file at --out or a mistyped override: told before torch is imported and before any method trains
+    check_writable(root, folder=True)
+    load_config(shipped_configs()["demo"], args.overrides)
+    from fedpcd.demo import run_demo
+
     args.resume_hint = f"fedpcd demo --out {root} (finished methods are skipped)"
     print(run_demo(root, args.overrides, progress=not args.quiet))
 

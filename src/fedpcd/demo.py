@@ -6,12 +6,12 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedpcd.backends import resume_run, run_experiment
 from fedpcd.config import Config
+from fedpcd.config_input import shipped_configs
 from fedpcd.engine.rundir import RunDir
 from fedpcd.report.stats import last_mean, swing
 from fedpcd.resolve import load_config
@@ -130,38 +130,33 @@ def eta(trained: list[float], remaining: int) -> str:
 def run_demo(out: Path, overrides: list[str], progress: bool = True) -> str:
     """Train each of DEMO_METHODS on the packaged demo config (plus ``overrides``) into ``out/<name>``, draw
     ``out/curves.png`` and return the printed report."""
-    demo_file = resources.files("fedpcd") / "configs" / "demo.yaml"
+    path = shipped_configs()["demo"]
     curves: dict[str, list[dict[str, Any]]] = {}
     trained: list[float] = []  # seconds of each method trained (not reused) in this call
     rows, means, swings = [], {m.key: {} for m in HEADLINE}, {m.key: {} for m in HEADLINE}
-    with resources.as_file(demo_file) as path:
-        for number, (name, params) in enumerate(DEMO_METHODS, 1):
-            cfg = load_config(
-                path, [f"algorithm.name={name}", *params, f"output_dir={out / name}", *overrides]
-            )
-            run_dir = RunDir(out / name)  # a finished method is reused, an interrupted one resumed
-            head = f"== method {number}/{len(DEMO_METHODS)}: {name}"
-            reused = run_dir.summary.exists()
-            if reused:
-                print(f"{head}: reused finished run in {out / name}", file=sys.stderr)
-            else:
-                left = eta(trained, len(DEMO_METHODS) - number + 1)
-                print(f"{head}: {setting_name(cfg)}{left}", file=sys.stderr)
-            started = time.monotonic()
-            summary = (
-                resume_run(out / name, progress) if run_dir.holds_run() else run_experiment(cfg, progress)
-            )
-            if not reused:
-                trained.append(time.monotonic() - started)
-            records = run_dir.records()
-            label = " ".join([name, *(p.removeprefix("algorithm.") for p in params)])
-            curves[label] = records
-            for key in means:
-                if (mean := last_mean(records, key, LAST)) is not None:
-                    means[key][label] = mean
-                    swings[key][label] = swing(records, key, LAST)
-            row = [_pct(last_mean(records, m.key, LAST)) for m in METRICS]
-            rows.append([label, *row, f"{summary['wall_s']:.1f}"])
+    for number, (name, params) in enumerate(DEMO_METHODS, 1):
+        cfg = load_config(path, [f"algorithm.name={name}", *params, f"output_dir={out / name}", *overrides])
+        run_dir = RunDir(out / name)  # a finished method is reused, an interrupted one resumed
+        head = f"== method {number}/{len(DEMO_METHODS)}: {name}"
+        reused = run_dir.summary.exists()
+        if reused:
+            print(f"{head}: reused finished run in {out / name}", file=sys.stderr)
+        else:
+            left = eta(trained, len(DEMO_METHODS) - number + 1)
+            print(f"{head}: {setting_name(cfg)}{left}", file=sys.stderr)
+        started = time.monotonic()
+        summary = resume_run(out / name, progress) if run_dir.holds_run() else run_experiment(cfg, progress)
+        if not reused:
+            trained.append(time.monotonic() - started)
+        records = run_dir.records()
+        label = " ".join([name, *(p.removeprefix("algorithm.") for p in params)])
+        curves[label] = records
+        for key in means:
+            if (mean := last_mean(records, key, LAST)) is not None:
+                means[key][label] = mean
+                swings[key][label] = swing(records, key, LAST)
+        row = [_pct(last_mean(records, m.key, LAST)) for m in METRICS]
+        rows.append([label, *row, f"{summary['wall_s']:.1f}"])
     evaluated = min(len(r) for r in curves.values())
     classes = next(
         (len(r["global_class_acc"]) for rs in curves.values() for r in rs if "global_class_acc" in r), 0

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd._version import __version__
+from fedpcd.errors import UserError
 
 
 class RunFiles:
@@ -154,6 +155,22 @@ class RunFiles:
     def holds_run(self) -> bool:
         """Whether the folder holds (part of) a run: metrics, a summary or a checkpoint."""
         return any(p.exists() for p in self.markers())
+
+    def check_resumable(self) -> None:
+        """Refuse a folder without config.yaml, saying why it cannot be resumed (reads only which files exist:
+        ``fedpcd run --resume`` tells it before importing torch)."""
+        if self.config.is_file():
+            return
+        if self.checkpoint.exists():
+            raise UserError(f"{self.path} has a checkpoint but no config.yaml: it cannot be resumed")
+        if self.lock_file.exists() and not self.holds_run():  # killed while it started: nothing to resume yet
+            raise UserError(
+                f"{self.path} was stopped before its run started (no config.yaml yet): start it again with "
+                "the same fedpcd run command (same config and output_dir)"
+            )
+        raise UserError(
+            f"no checkpoint in {self.path}: nothing to resume (not a fedpcd run directory: no config.yaml)"
+        )
 
     @classmethod
     def finished_below(cls, root: str | Path) -> list[RunFiles]:

@@ -90,7 +90,7 @@ class Run:
         check_allowed_changes(allow)
         folder = RunDir(Path(target))
         folder.check_links()
-        _check_resumable(folder)
+        folder.check_resumable()
         config = load_run_config(folder.config, [f"output_dir={folder.path}", *changes])
         checkpoint = None
         if folder.checkpoint.exists():
@@ -163,23 +163,6 @@ def _started(config: Config) -> bool:
             "continues a run with its own config.yaml: give that config, or set output_dir to a new folder"
         )
     return True
-
-
-def _check_resumable(folder: RunDir) -> None:
-    """Refuse a folder without config.yaml, saying why it cannot be resumed."""
-    if folder.config.is_file():
-        return
-    path = folder.path
-    if folder.checkpoint.exists():
-        raise UserError(f"{path} has a checkpoint but no config.yaml: it cannot be resumed")
-    if folder.lock_file.exists() and not folder.holds_run():  # killed while it started: nothing to resume yet
-        raise UserError(
-            f"{path} was stopped before its run started (no config.yaml yet): start it again with the "
-            "same fedpcd run command (same config and output_dir)"
-        )
-    raise UserError(
-        f"no checkpoint in {path}: nothing to resume (not a fedpcd run directory: no config.yaml)"
-    )
 
 
 def _check_more_rounds(folder: RunDir, config: Config, checkpoint: dict[str, Any] | None) -> None:
