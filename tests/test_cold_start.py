@@ -21,6 +21,8 @@ from fedpcd.cli import main
 from fedpcd.cli_args import build_parser
 from fedpcd.components import describe, shipped_descriptions
 
+ARCHIVED = Path(__file__).resolve().parents[1] / "docs" / "results" / "runs" / "fedssa-fmnist-n10"
+
 # runs each argv of the JSON list in argv[1] through fedpcd's main, then prints [argv, exit code, torch?]
 RUNNER = """
 import json, sys
@@ -86,6 +88,7 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     expected += [(["run", "--resume", folder], 2) for folder in ("missing", "empty", "starting", "bad.yaml")]
     expected += [(["run", "--resume", "empty", "rounds=3"], 2), (["demo", "--out", "bad.yaml"], 2)]
     expected += [(["demo", "--out", "demo-out", mistake], 2) for mistake in ("roundz=3", "local.lr=-1")]
+    expected += [(["report", str(ARCHIVED), "--rounds-to", "200"], 2)]  # before its runs are loaded
     results = _run([argv for argv, _ in expected], tmp_path)
     assert [(argv, code) for argv, code, _ in results] == [(argv, code) for argv, code in expected]
     assert [argv for argv, _, torch in results if torch] == []

@@ -15,7 +15,7 @@ from fedpcd.report.groups import code_mismatches, group_runs
 from fedpcd.report.paper import paper_sections
 from fedpcd.report.read import load_runs, refuse_duplicates, unfinished_runs
 from fedpcd.report.stats import last_rounds_phrase
-from fedpcd.report.tables import report_table
+from fedpcd.report.tables import check_rounds_to, report_table
 from fedpcd.utils import check_writable, read_user_text
 
 
@@ -59,6 +59,7 @@ def make_report(
     if markdown is not None and figures is not None:  # refused before any work (--geometry takes minutes)
         check_writable(markdown)
         check_writable(figures, folder=True)
+    check_rounds_to(rounds_to)
     runs = load_runs(root)
     refuse_duplicates(runs)  # a report counts every run once
     table = report_table(runs, last, rounds_to, paired_with, with_swing, geometry, with_best)

@@ -48,6 +48,13 @@ def _has_angles(run: Run) -> bool:
     return bool(run.records) and all(key in run.records[-1] for key in ANGLES)
 
 
+def check_rounds_to(rounds_to: Sequence[float]) -> None:
+    """Refuse a rounds-to target that is not a GA percentage in (0, 100]."""
+    for x in rounds_to:
+        if not 0.0 < x <= 100.0:
+            raise UserError(f"rounds-to target {x:g} is not a GA percentage in (0, 100]")
+
+
 def report_table(
     runs: list[Run],
     last: int = 5,
@@ -65,9 +72,7 @@ def report_table(
     highest GA of each run over all its rounds, mean ± std over seeds: the protocol of FedGELA's code and of
     papers that report the best round); ``geometry``, the class-mean angles in degrees
     (:func:`all_geometries`: runs with neither recorded angles nor a checkpoint are left out of them)."""
-    for x in rounds_to:
-        if not 0.0 < x <= 100.0:
-            raise UserError(f"rounds-to target {x:g} is not a GA percentage in (0, 100]")
+    check_rounds_to(rounds_to)
     refs = reference_runs(runs, paired_with) if paired_with is not None else {}
     varying, groups = group_runs(runs)
     sections = list(dict.fromkeys(name.partition(".")[0] for name in varying))
