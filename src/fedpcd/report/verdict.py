@@ -25,8 +25,6 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from scipy import stats
-
 ALPHA = 0.05  # two-sided level of the paired t-test
 MIN_SEEDS = 5  # seeds a "yes" or "direction only" needs
 MIN_MARGIN_FRACTION = 0.5  # share of the paper's margin a "yes" needs
@@ -49,6 +47,8 @@ def t_statistic(diffs: Sequence[float]) -> float:
 
 def critical_t(n: int) -> float:
     """The two-sided critical value t_{1-ALPHA/2, n-1} for ``n`` paired seeds (n >= 2)."""
+    from scipy import stats  # about 1 s to import: only where a verdict is computed, not on every report
+
     return float(stats.t.ppf(1 - ALPHA / 2, n - 1))
 
 
