@@ -77,9 +77,12 @@ def _resume(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             "--resume takes the run directory and its config.yaml as written; of the overrides only "
             "rounds=N (more rounds: the run is extended), others with --allow-config-change KEY=VALUE"
         )
+    from fedpcd.config_identity import check_allowed_changes
     from fedpcd.run_format import RunFiles
 
-    RunFiles(args.resume).check_resumable()  # a folder that is no run: told before torch is imported
+    # a key no resume may change, then a folder that is no run: told before torch is imported
+    check_allowed_changes([*allow, *(item.partition("=")[0] for item in changes)])
+    RunFiles(args.resume).check_resumable()
     from fedpcd.backends import resume_run
 
     args.resume_hint = f"fedpcd run --resume {args.resume}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import yaml
 from pydantic import BaseModel
 
 from fedpcd.config import AggregationConfig, Config, PrivacyConfig, ServerConfig
-from fedpcd.errors import clip, short
+from fedpcd.errors import UserError, clip, short
 from fedpcd.utils import atomic_write_text
 
 
@@ -110,3 +111,17 @@ def describe_changes(changes: dict[str, tuple[Any, Any]], limit: int = 6) -> str
     parts = [f"{clip(k)}: {short(a, 40)} -> {short(b, 40)}" for k, (a, b) in changes.items()]
     more = f"; and {len(parts) - limit} more" if len(parts) > limit else ""
     return "; ".join(parts[:limit]) + more
+
+
+# the config keys a resumed run may change, each only when allowed explicitly (--allow-config-change)
+RESUME_CHANGES = ("rounds", "engine.checkpoint_every", "engine.threads", "dataset.download")
+
+
+def check_allowed_changes(keys: Sequence[str]) -> None:
+    """Refuse ``--allow-config-change`` keys a resume may not change (only ``RESUME_CHANGES``)."""
+    bad = [k for k in keys if k not in RESUME_CHANGES]
+    if bad:
+        raise UserError(
+            f"--allow-config-change {clip(bad[0])}: a resumed run may change only "
+            f"{', '.join(RESUME_CHANGES)} (rounds never below the checkpoint's round)"
+        )

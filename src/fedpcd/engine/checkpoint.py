@@ -20,7 +20,13 @@ import numpy as np
 import torch
 
 from fedpcd.config import Config
-from fedpcd.config_identity import canonical_config, config_changes, config_hash, describe_changes
+from fedpcd.config_identity import (
+    RESUME_CHANGES,
+    canonical_config,
+    config_changes,
+    config_hash,
+    describe_changes,
+)
 from fedpcd.engine.records import record_line
 from fedpcd.errors import UserError, clip, short
 from fedpcd.run_format import RunFiles
@@ -29,10 +35,9 @@ from fedpcd.utils import read_user_bytes
 # 3: + the config (canonical JSON and SHA-256); 2: + metrics so far and global RNG states (1: server,
 # client_states, wall_s)
 CHECKPOINT_FORMAT = 3
+
+
 # config keys a resume may change (with --allow-config-change): none changes what the rounds compute
-RESUME_CHANGES = ("rounds", "engine.checkpoint_every", "engine.threads", "dataset.download")
-
-
 def load_weights_only(
     path: str | Path, map_location: torch.device | str | None = None, what: str = "checkpoint", hint: str = ""
 ) -> Any:
@@ -109,16 +114,6 @@ def check_server_state(server: dict[str, Any], reference: dict[str, Any], path: 
                 f"the run's model needs {list(ref.shape)} {ref.dtype}; it is not this run's checkpoint: "
                 "delete the checkpoint folder to restart the run"
             )
-
-
-def check_allowed_changes(keys: Sequence[str]) -> None:
-    """Refuse ``--allow-config-change`` keys a resume may not change (only ``RESUME_CHANGES``)."""
-    bad = [k for k in keys if k not in RESUME_CHANGES]
-    if bad:
-        raise UserError(
-            f"--allow-config-change {clip(bad[0])}: a resumed run may change only "
-            f"{', '.join(RESUME_CHANGES)} (rounds never below the checkpoint's round)"
-        )
 
 
 def changes_since(old: str | Config, config: Config) -> dict[str, tuple[Any, Any]]:

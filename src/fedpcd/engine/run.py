@@ -18,10 +18,9 @@ from typing import Any
 
 from fedpcd.algorithms import Algorithm, build_algorithm
 from fedpcd.config import Config
-from fedpcd.config_identity import describe_changes, dump_config
+from fedpcd.config_identity import check_allowed_changes, describe_changes, dump_config
 from fedpcd.engine.checkpoint import (
     changes_since,
-    check_allowed_changes,
     check_checkpoint,
     checkpoint_rounds,
 )
@@ -76,8 +75,8 @@ class Run:
 
         ``target`` a Config: the run in its ``output_dir``, which must have been made with that config
         (:func:`changes_since`, else a UserError naming the differences); a folder without a started run
-        gives :meth:`create`'s run. ``allow``: the ``checkpoint.RESUME_CHANGES`` keys config.yaml may have
-        changed since the checkpoint; ``changes``: ``KEY=VALUE`` items of those keys (each one allowed by
+        gives :meth:`create`'s run. ``allow``: the ``RESUME_CHANGES`` keys config.yaml may have changed
+        since the checkpoint; ``changes``: ``KEY=VALUE`` items of those keys (each one allowed by
         being given) written into config.yaml first, e.g. ``rounds=30``, which extends a finished run: N
         must exceed the rounds done. A run without a checkpoint restarts from round 0; a finished one is
         :attr:`finished`."""
