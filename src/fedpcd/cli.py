@@ -81,7 +81,7 @@ def _resume(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from fedpcd.run_format import RunFiles
 
     # a key no resume may change, then a folder that is no run: told before torch is imported
-    check_allowed_changes([*allow, *(item.partition("=")[0] for item in changes)])
+    check_allowed_changes(allow, changes)
     RunFiles(args.resume).check_resumable()
     from fedpcd.backends import resume_run
 

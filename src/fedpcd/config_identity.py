@@ -113,15 +113,18 @@ def describe_changes(changes: dict[str, tuple[Any, Any]], limit: int = 6) -> str
     return "; ".join(parts[:limit]) + more
 
 
-# the config keys a resumed run may change, each only when allowed explicitly (--allow-config-change)
+# config keys a resume may change (with --allow-config-change): none changes what the rounds compute
 RESUME_CHANGES = ("rounds", "engine.checkpoint_every", "engine.threads", "dataset.download")
 
 
-def check_allowed_changes(keys: Sequence[str]) -> None:
-    """Refuse ``--allow-config-change`` keys a resume may not change (only ``RESUME_CHANGES``)."""
+def check_allowed_changes(allow: Sequence[str], changes: Sequence[str] = ()) -> list[str]:
+    """The keys a resume may change: ``allow`` and the keys of the ``KEY=VALUE`` items ``changes`` (each one
+    allowed by being given); any key outside ``RESUME_CHANGES`` is a UserError."""
+    keys = [*allow, *(item.partition("=")[0] for item in changes)]
     bad = [k for k in keys if k not in RESUME_CHANGES]
     if bad:
         raise UserError(
             f"--allow-config-change {clip(bad[0])}: a resumed run may change only "
             f"{', '.join(RESUME_CHANGES)} (rounds never below the checkpoint's round)"
         )
+    return keys

@@ -37,7 +37,6 @@ from fedpcd.utils import read_user_bytes
 CHECKPOINT_FORMAT = 3
 
 
-# config keys a resume may change (with --allow-config-change): none changes what the rounds compute
 def load_weights_only(
     path: str | Path, map_location: torch.device | str | None = None, what: str = "checkpoint", hint: str = ""
 ) -> Any:

@@ -84,9 +84,7 @@ class Run:
             if not _started(target):
                 return cls.create(target)
             target = target.output_dir
-        keys = [item.partition("=")[0] for item in changes]
-        allow = [*allow, *keys]
-        check_allowed_changes(allow)
+        allow = check_allowed_changes(allow, changes)
         folder = RunDir(Path(target))
         folder.check_links()
         folder.check_resumable()
@@ -94,7 +92,7 @@ class Run:
         checkpoint = None
         if folder.checkpoint.exists():
             checkpoint = folder.load_checkpoint(resolve_device(config.engine.device))
-        if "rounds" in keys:
+        if any(item.partition("=")[0] == "rounds" for item in changes):
             _check_more_rounds(folder, config, checkpoint)
         if checkpoint is not None:
             check_checkpoint(checkpoint, folder, config, allow)
