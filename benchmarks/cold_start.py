@@ -7,8 +7,8 @@ Python's bin/, against `python -c pass` (the interpreter's own start) measured i
 interleaved so that a change of load touches every command alike; `python -c "import torch"` is timed
 alike for comparison. Prints the machine, the load average before and after, and each command's median in
 seconds and as a ratio to `python -c pass`, marking those above the target of ``TARGET`` times it. `fedpcd
-list NAME` reads the shipped components' descriptions as rendered (src/fedpcd/descriptions.json); `fedpcd
-config show` imports torch (the algorithm's module; the model built on torch's meta device).
+list NAME` reads the shipped components' descriptions as rendered (src/fedpcd/descriptions.json), `fedpcd
+config show` their declarations (src/fedpcd/declarations.json: parameters, presets, a model's size).
 
 X
 """
@@ -44,6 +44,13 @@ def commands(fedpcd: str) -> dict[str, list[str]]:
         "fedpcd list fedfoo (unknown)": [fedpcd, "list", "fedfoo"],
         "fedpcd init (a second time: exists)": [fedpcd, "init"],
         "fedpcd config show": [fedpcd, "config", "show"],
+        "fedpcd config show (a headline config, a preset)": [
+            fedpcd,
+            "config",
+            "show",
+            "--config",
+            "headline/fednh-fmnist",
+        ],
         "fedpcd run --config missing.yaml": [fedpcd, "run", "--config", "missing.yaml"],
         "fedpcd run algorithm.name=fedgella (unknown)": [fedpcd, "run", "algorithm.name=fedgella"],
         "fedpcd config show roundz=3 (unknown key)": [fedpcd, "config", "show", "roundz=3"],

@@ -39,6 +39,8 @@ directive:
 - ``{{ scale.MIN_SEEDS }}``, ``scale.critical_t(n)``: the verdict scale's constants (fedpcd.report.verdict).
 - ``{{ descriptions() }}``: src/fedpcd/descriptions.json, what ``fedpcd list NAME`` says of every shipped
   component (``fedpcd.components.shipped_descriptions``), read by the command without importing torch.
+- ``{{ declarations() }}``: src/fedpcd/declarations.json, the shipped algorithms' and models' parameters,
+  presets and flags (``fedpcd.declarations.shipped_declarations``), read to load a config without torch.
 
 A paired claim whose runs were not all made by one clean commit (summary.json's code record) renders its
 numbers but refuses ``verdict`` and ``says`` (naming the runs); a folder holding the same config twice
@@ -70,6 +72,7 @@ import jinja2
 import yaml
 
 from fedpcd.components import shipped_descriptions
+from fedpcd.declarations import shipped_declarations
 from fedpcd.labels import run_label
 from fedpcd.report import verdict as verdict_scale
 from fedpcd.report.document import write_report
@@ -95,6 +98,7 @@ PAGES = [
     "docs/leaderboard-bn/cells.csv",
     "docs/performance.md",
     "src/fedpcd/descriptions.json",  # what `fedpcd list NAME` prints without importing torch
+    "src/fedpcd/declarations.json",  # the shipped components' declarations, for loading configs without torch
     *(
         f"docs/results/{name}.md"
         for name in (
@@ -776,6 +780,7 @@ def environment(repo: Path) -> jinja2.Environment:
         bench_value=lambda name, path: float(bench(repo, name, path)),
         scale=verdict_scale,
         descriptions=shipped_descriptions,
+        declarations=shipped_declarations,
     )
     env.filters.update(f=_fixed, s=_signed)
     return env

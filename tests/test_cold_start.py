@@ -79,8 +79,14 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     mistakes = ["roundz=3", "local.lr=-1", "algorithm.name=fedfoo", "model.name=cnnn", "dataset.name=fmnistt"]
     mistakes += ["partition.scheme=dirichlett", "partition.beta=-1", "model.clients={12: cnn1}"]
     mistakes += ["engine.min_clients=50", "model.name=[]"]
+    mistakes += ["algorithm.name=fedprox algorithm.mu=-1", "model.name=mlp model.hidden=0"]
+    mistakes += ["algorithm.name=fedsc algorithm.preset=officiall"]
     for command in (["run"], ["partition"], ["config", "show"]):
-        expected += [([*command, mistake], 2) for mistake in mistakes]
+        expected += [([*command, *mistake.split()], 2) for mistake in mistakes]
+    # valid configs: the declarations of the shipped algorithms and models are read as rendered
+    for config in (["--config", "example"], ["--config", "headline/fednh-fmnist"], ["--config", "demo"]):
+        expected.append((["config", "show", *config], 0))
+    expected.append((["config", "show", "algorithm.name=fedsc", "algorithm.preset=official"], 0))
     # a folder that holds no run (missing, empty, stopped before its config.yaml), and the demo's bad input
     (tmp_path / "empty").mkdir()
     (tmp_path / "starting").mkdir()

@@ -37,7 +37,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("data and models", ("fedpcd.data", "fedpcd.models")),
     ("algorithms", ("fedpcd.algorithms",)),
-    ("config resolution", ("fedpcd.resolve", "fedpcd.labels", "fedpcd.components")),
+    (
+        "config resolution",
+        ("fedpcd.declarations", "fedpcd.presets", "fedpcd.resolve", "fedpcd.labels", "fedpcd.components"),
+    ),
     ("engine, with the local backend", ("fedpcd.engine",)),
     ("the round loop's observers", ("fedpcd.trackers", "fedpcd.observers")),
     ("the Flower backend", ("fedpcd.flower",)),

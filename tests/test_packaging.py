@@ -48,7 +48,7 @@ from install_helpers import (
 
 PACKAGING_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "src")
 # pyproject's [tool.setuptools.package-data] for fedpcd
-PACKAGE_DATA = ("py.typed", "configs/**/*.yaml", "descriptions.json")
+PACKAGE_DATA = ("py.typed", "configs/**/*.yaml", "descriptions.json", "declarations.json")
 PLUGIN_PAGE = ROOT / "docs" / "plugins.md"
 # a marked block of the plugin page: the marker comment, then a fence whose title is the file's path
 PLUGIN_BLOCK = re.compile(

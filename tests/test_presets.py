@@ -9,10 +9,10 @@ import json
 import pytest
 import yaml
 
-from fedpcd.algorithms.presets import apply_preset, presets_of
 from fedpcd.api import describe
 from fedpcd.config_identity import config_yaml
 from fedpcd.errors import UserError
+from fedpcd.presets import apply_preset, presets_of
 from fedpcd.resolve import config_from_dict, load_config
 
 FIVE = ("fedgela", "fedmr", "fednh", "fedsc", "fedssa")
@@ -269,7 +269,7 @@ def test_fedssa_official_hetero_carries_its_model_list_and_list_says_why_keys_ar
 
 @pytest.mark.parametrize(("name", "preset"), _all_presets())
 def test_every_preset_sets_its_protocol_or_says_why_not(name, preset):
-    from fedpcd.algorithms.presets import PROTOCOL
+    from fedpcd.presets import PROTOCOL
 
     spec = presets_of(name)[preset]
     for key in PROTOCOL:

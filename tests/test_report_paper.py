@@ -104,7 +104,7 @@ def test_grid_names_orders_and_pivots_by_hand():
 def test_a_preset_of_the_reference_algorithm_is_a_method_compared_with_it():
     """FedAvg under its preset fedadam is FedAdam: a row of its own, paired with plain FedAvg of the same
     setting and seed, never the reference."""
-    from fedpcd.algorithms.presets import preset_values
+    from fedpcd.presets import preset_values
 
     fedavg, fedprox = {"name": "fedavg"}, {"name": "fedprox"}
     fedadam = {"name": "fedavg", "preset": "fedadam"}

@@ -107,7 +107,7 @@ def _block(kind: str, name: str, obj: Any) -> str:
         return "\n".join(lines)
     spec = param_spec(kind, name, obj)
     if kind == "algorithm":
-        from fedpcd.algorithms.presets import describe_presets
+        from fedpcd.presets import describe_presets
 
         presets = describe_presets(name)
         if presets:

@@ -114,7 +114,7 @@ class ModelConfig(_Open):
 class AlgorithmConfig(_Open):
     """The config section ``algorithm``: ``name`` and the algorithm's own parameters (``fedpcd list NAME``),
     and optionally ``preset``: one of its named settings (``paper``, ``official``, ...; ``fedpcd list NAME``
-    shows them), filled in by ``fedpcd.algorithms.presets.apply_preset`` wherever the config does not set the
+    shows them), filled in by ``fedpcd.presets.apply_preset`` wherever the config does not set the
     key itself."""
 
     name: str = Field(

@@ -2,8 +2,7 @@
 config.yaml, archived ones included): `preset_overrides`, `run_label`, the warning line
 (`overrides_line`, `warn_overrides`) and summary.json's record (`preset_record`).
 
-Importing this module loads no torch; a config without a preset is answered without it (a preset's values
-live with its algorithm, whose module loads torch).
+No torch is loaded: a preset's values are read from the algorithms' declarations (``fedpcd.declarations``).
 """
 
 from __future__ import annotations
@@ -11,6 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
+
+from fedpcd.presets import PROTOCOL, preset_values
 
 PRESET = "preset"  # summary.json's record of the run's preset (`preset_record`)
 _MISSING = object()
@@ -25,25 +26,13 @@ def _leaf(config: Mapping[str, Any], dotted: str, missing: Any = None) -> Any:
     return node
 
 
-def _preset_values(algorithm: str, preset: object) -> dict[str, Any]:
-    from fedpcd.algorithms.presets import preset_values
-
-    return preset_values(algorithm, preset)
-
-
-def _protocol() -> tuple[str, ...]:
-    from fedpcd.algorithms.presets import PROTOCOL
-
-    return PROTOCOL
-
-
 def _preset_of(config: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
     """(algorithm, preset, the preset's dotted values) of a config; None without a preset."""
     section = config.get("algorithm")
     if not isinstance(section, Mapping) or section.get("preset") is None:
         return None
     name = str(section.get("name", "fedavg"))
-    return name, section["preset"], _preset_values(name, section["preset"])
+    return name, section["preset"], preset_values(name, section["preset"])
 
 
 def preset_overrides(config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -64,12 +53,12 @@ def preset_overrides(config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
 
 def method_overrides(config: Mapping[str, Any]) -> list[str]:
     """The keys of `preset_overrides` that make the run another method than its preset's: all but the
-    federation and budget (``fedpcd.algorithms.presets.PROTOCOL``), in the preset's order.
+    federation and budget (``fedpcd.presets.PROTOCOL``), in the preset's order.
 
     Args:
         config: A resolved config as a nested dict.
     """
-    return [key for key in preset_overrides(config) if key not in _protocol()]
+    return [key for key in preset_overrides(config) if key not in PROTOCOL]
 
 
 def overrides_suffix(config: Mapping[str, Any]) -> str:
@@ -85,7 +74,7 @@ def overrides_suffix(config: Mapping[str, Any]) -> str:
 
 def run_label(config: Mapping[str, Any]) -> str:
     """A run's method as reports name it: ``fedgela``, ``fedgela preset=official``, or, with the preset's
-    method keys (all but ``fedpcd.algorithms.presets.PROTOCOL``) that the config overrides, ``fedgela
+    method keys (all but ``fedpcd.presets.PROTOCOL``) that the config overrides, ``fedgela
     preset=official (overrides local.grad_clip)``: such a run is not the preset's method.
 
     Args:

@@ -15,7 +15,8 @@ component (:func:`param_spec`, cached), and checks a given mapping against it: u
 values out of range are a :class:`~fedpcd.errors.UserError` of one line naming the parameter, the value
 and the valid range or choices. Checks that relate two parameters are a ``check_combination(values) ->
 str | None`` attribute of the component (None: fine; else the problem). Checks that need the data (e.g. at
-most as many classes per client as there are classes) stay in the component.
+most as many classes per client as there are classes) stay in the component. An algorithm's named settings
+are :class:`Preset` values (applied by ``fedpcd.presets``).
 
 Coercion is pydantic's lax mode (an integer for a float, ``"1e-3"`` for a float as YAML 1.1 reads it,
 ``2.0`` for an integer, numpy scalars), except that ``true``/``false`` are only booleans: a bool is never a
@@ -142,14 +143,19 @@ def declared_params(target: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 def param_spec(kind: str, name: str, target: Any) -> ParamSpec:
     """The :class:`ParamSpec` of a registered class or function (built once per component)."""
     annotations, defaults = declared_params(target)
-    return ParamSpec(
-        kind=kind,
-        name=name,
-        annotations=annotations,
-        defaults=defaults,
-        adapters={key: TypeAdapter(a, config=_CONFIG) for key, a in annotations.items()},
-        combination=getattr(target, "check_combination", None),
-    )
+    return make_spec(kind, name, annotations, defaults, getattr(target, "check_combination", None))
+
+
+def make_spec(
+    kind: str,
+    name: str,
+    annotations: dict[str, Any],
+    defaults: dict[str, Any],
+    combination: Callable[[dict[str, Any]], str | None] | None = None,
+) -> ParamSpec:
+    """The :class:`ParamSpec` of parameters given by their annotations and defaults (an adapter each)."""
+    adapters = {key: TypeAdapter(a, config=_CONFIG) for key, a in annotations.items()}
+    return ParamSpec(kind, name, annotations, defaults, adapters, combination)
 
 
 def param_defaults(kind: str, name: str, target: Any) -> dict[str, Any]:
@@ -165,6 +171,17 @@ def validate_params(
     The one entry point for algorithms (``target`` the dataclass), models (the builder) and partition
     schemes (the scheme function); a bad key or value is a one-line UserError naming the valid ones."""
     return param_spec(kind, name, target).validate(given or {}, prefix)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named, documented set of config values (``values``: dotted key from the config root -> value), an
+    algorithm's ``presets`` entry (``fedpcd.presets``)."""
+
+    summary: str
+    # values: dotted key -> value; unset: a PROTOCOL key it does not set -> why not
+    values: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    unset: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------- what the errors show

@@ -5,7 +5,7 @@ registries and presets.
 the algorithm's preset, validates the result against the schema (``fedpcd.config``) and resolves the
 open-ended sections (the partition scheme's, model's and algorithm's own parameters) against their
 registries, so the written ``config.yaml`` shows every value that was used. Those parameters are checked
-here, once per load, by ``fedpcd.params.validate_params`` (their declared types and ranges); the values
+here, once per load, against their declarations (``fedpcd.declarations``: types and ranges); the values
 written are the checked ones.
 """
 
@@ -17,12 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from fedpcd.catalog import catalog, check_name
 from fedpcd.config import Config
 from fedpcd.config_identity import LEGACY_DEFAULTS
 from fedpcd.config_input import apply_overrides, check_values, config_path, parse_overrides, read_yaml
+from fedpcd.declarations import declaration, model_weights
 from fedpcd.errors import UserError, clip, did_you_mean, short
 from fedpcd.labels import warn_overrides
-from fedpcd.params import validate_params
+from fedpcd.presets import apply_preset
 
 MAX_MODEL_PARAMS = 10**8  # weights of one model, for the largest built-in input (3x32x32, 100 classes)
 
@@ -66,15 +68,12 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Con
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Validate and resolve a config given as a (nested) dict.
 
-    Without a preset the schema's checks and the components' names come before any component's module is
-    imported, so a mistyped key, value or name is told without importing torch; the presets are declared by
-    the algorithms' classes (:func:`fedpcd.algorithms.presets.apply_preset`)."""
+    The presets, the components' names and their parameters are known without importing the components
+    (``fedpcd.declarations``): while only the shipped ones exist, a config is loaded without torch, except
+    where a model is built with other parameters than its defaults (its size check) or a component
+    declares a check relating two parameters (FedGELA's)."""
     check_values(raw)
-    section = raw.get("algorithm")
-    if isinstance(section, dict) and section.get("preset") is not None:
-        from fedpcd.algorithms.presets import apply_preset
-
-        raw = apply_preset(raw)
+    raw = apply_preset(raw)
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
@@ -85,11 +84,9 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
 def resolve_model_params(config: Config) -> dict[str, Any]:
     """The model parameters, checked against every architecture of the federation; defaults filled for the
     parameters all of them take (values from the first architecture)."""
-    from fedpcd.models import MODELS
-
     m = config.model
     archs = m.architectures(config.clients)
-    checked = [validate_params("model", arch, MODELS.get(arch), m.params()) for arch in archs]
+    checked = [declaration("model", arch).spec.validate(m.params()) for arch in archs]
     common = set.intersection(*(set(own) for own in checked))
     params = {k: v for k, v in checked[0].items() if k in common}
     _check_model_size(archs, params)
@@ -97,18 +94,11 @@ def resolve_model_params(config: Config) -> dict[str, Any]:
 
 
 def _check_model_size(archs: list[str], params: dict[str, Any]) -> None:
-    """Build each architecture on torch's meta device (no memory) for the largest built-in input, 3x32x32
-    with 100 classes: parameters of the wrong type or sign, or more than ``MAX_MODEL_PARAMS`` weights, are a
-    UserError now, never an allocation failure later. Each builder is built once per process for given
-    parameters (a sweep's or a report's many configs share them)."""
-    from fedpcd.models import MODELS
-
-    given = repr(sorted(params.items()))  # repr keeps 1, 1.0, True and "1" apart
+    """Each architecture built for the largest built-in input, 3x32x32 with 100 classes
+    (:func:`fedpcd.declarations.model_weights`): parameters of the wrong type or sign, or more than
+    ``MAX_MODEL_PARAMS`` weights, are a UserError now, never an allocation failure later."""
     for arch in archs:
-        key = (MODELS.get(arch), arch, given)
-        if key not in _MODEL_WEIGHTS:
-            _MODEL_WEIGHTS[key] = _meta_weights(arch, params)
-        weights = _MODEL_WEIGHTS[key]
+        weights = model_weights(arch, params)
         if isinstance(weights, str):
             raise UserError(weights)
         if weights is not None and weights > MAX_MODEL_PARAMS:
@@ -116,28 +106,6 @@ def _check_model_size(archs: list[str], params: dict[str, Any]) -> None:
                 f"model {arch!r} with {short(params)} has {weights:.3g} weights (for 3x32x32 inputs, 100 "
                 f"classes), more than the limit of {MAX_MODEL_PARAMS:.0e}; choose a smaller width"
             )
-
-
-# (builder, architecture, parameters' repr) -> its number of weights, why it cannot be built, or None
-_MODEL_WEIGHTS: dict[tuple[Any, str, str], int | str | None] = {}
-
-
-def _meta_weights(arch: str, params: dict[str, Any]) -> int | str | None:
-    """The number of weights of ``arch`` built on the meta device, else why it cannot be built (the message),
-    or None where the check does not apply (input-specific, or the meta device unsupported)."""
-    import torch
-
-    from fedpcd.models import build_validated
-
-    try:
-        with torch.device("meta"):
-            model = build_validated(arch, 3, 100, 32, params)
-    except (UserError, NotImplementedError):  # input-specific or meta-unsupported: the real build decides
-        return None
-    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-        reason = clip(str(exc).strip().split("\n")[0])
-        return f"model {arch!r} cannot be built with {short(params)}: {reason}"
-    return sum(p.numel() for p in model.parameters())
 
 
 def _check_min_clients(config: Config) -> None:
@@ -150,7 +118,7 @@ def _check_min_clients(config: Config) -> None:
         )
 
 
-def _check_secagg(config: Config, algo_cls: type) -> None:
+def _check_secagg(config: Config) -> None:
     """SecAgg+ hides each update: it needs Flower's separate parties and a server that takes only the
     sample-weighted mean of the client models (FedAvg's ``aggregate``)."""
     if config.privacy.secagg is None:
@@ -160,13 +128,12 @@ def _check_secagg(config: Config, algo_cls: type) -> None:
             "privacy.secagg runs on the Flower backend (set backend=flower): in the local backend the server "
             "holds every client's update anyway"
         )
-    from fedpcd.algorithms import Algorithm, fedavg_aggregating
-
-    if algo_cls.aggregate is not Algorithm.aggregate:
+    if not declaration("algorithm", config.algorithm.name).plain_mean:
+        able = [n for n in catalog("algorithm") if not n.startswith("_") and _declares(n, "plain_mean")]
         raise UserError(
             "privacy.secagg needs an algorithm whose server takes only the sample-weighted mean of the "
             f"client models; {config.algorithm.name!r} aggregates with its own rule. Choose one of: "
-            f"{', '.join(fedavg_aggregating())}"
+            f"{', '.join(able)}"
         )
     per_round = config.clients_per_round
     if per_round < 2:
@@ -176,11 +143,13 @@ def _check_secagg(config: Config, algo_cls: type) -> None:
         )
 
 
+def _declares(algorithm: str, flag: str) -> bool:
+    return bool(getattr(declaration("algorithm", algorithm), flag))
+
+
 def _check_names(config: Config) -> None:
     """The dataset, partition scheme, architectures (for clients that exist) and algorithm are components
     (``fedpcd.catalog``, which knows the shipped ones without importing them)."""
-    from fedpcd.catalog import catalog, check_name
-
     check_name("dataset", config.dataset.name)
     check_name("partition scheme", config.partition.scheme)
     m = config.model
@@ -203,20 +172,16 @@ def resolve(config: Config) -> Config:
     partition = resolve_params(config.partition.scheme, config.partition.params())
     _check_min_clients(config)
     _check_geometry(config)
-    from fedpcd.algorithms import ALGORITHMS, algorithm_params
-    from fedpcd.data.datasets import DATASETS
-
-    DATASETS.get(config.dataset.name)
     model = resolve_model_params(config)
-    algo_cls = ALGORITHMS.get(config.algorithm.name)
-    if len(config.model.architectures(config.clients)) > 1 and not algo_cls.heterogeneous:
-        able = ", ".join(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).heterogeneous)
+    name = config.algorithm.name
+    if len(config.model.architectures(config.clients)) > 1 and not _declares(name, "heterogeneous"):
+        able = ", ".join(n for n in catalog("algorithm") if _declares(n, "heterogeneous"))
         raise UserError(
-            f"algorithm {config.algorithm.name!r} needs one architecture for all clients, but model.name/"
+            f"algorithm {name!r} needs one architecture for all clients, but model.name/"
             f"model.clients give several; model-heterogeneous algorithms: {able or '(none)'}"
         )
-    algorithm = algorithm_params(config.algorithm.name, config.algorithm.params())
-    _check_secagg(config, algo_cls)
+    algorithm = declaration("algorithm", name).spec.validate(config.algorithm.params())
+    _check_secagg(config)
     data = config.to_dict()
     data["partition"] = {"scheme": config.partition.scheme, **partition}
     data["model"] = {"name": config.model.name, "clients": config.model.clients, **model}

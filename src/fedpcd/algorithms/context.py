@@ -132,13 +132,3 @@ class ClientData:
             if self.augment:
                 xb = random_crop_flip(xb, generator)
             yield xb, self.y[idx]
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named, documented set of config values (``values``: dotted key from the config root -> value), an
-    algorithm's ``presets`` entry (``fedpcd.algorithms.presets``)."""
-
-    summary: str
-    values: Mapping[str, Any] = field(default_factory=dict)
-    unset: Mapping[str, str] = field(default_factory=dict)  # a PROTOCOL key it does not set -> why not

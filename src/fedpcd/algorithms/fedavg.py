@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedpcd.algorithms.context import Preset
 from fedpcd.algorithms.contract import ALGORITHMS, Algorithm
 from fedpcd.algorithms.vectorizable import Vectorizable
+from fedpcd.params import Preset
 
 # FedOpt's setting (Reddi et al., ICLR 2021, Sec. 5; the appendix's tuned learning rates): the server's step
 # on the mean update is the method, tuned per task, so the federation and budget stay the experiment's own

@@ -74,7 +74,6 @@ from fedpcd.algorithms.common import linear_init
 from fedpcd.algorithms.context import ClientData, Upload
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
 from fedpcd.algorithms.fedavg import FedAvg
-from fedpcd.algorithms.presets import Preset
 from fedpcd.algorithms.readout import Readout
 from fedpcd.algorithms.statedict import (
     backbone_parameters,
@@ -85,6 +84,7 @@ from fedpcd.algorithms.statedict import (
 )
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
+from fedpcd.params import Preset
 
 BN_MOMENTUM = 0.1  # torch's BatchNorm1d default (the code's)
 BN_EPS = 1e-5

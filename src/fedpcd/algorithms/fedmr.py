@@ -53,9 +53,9 @@ from fedpcd.algorithms.common import ClassSums, aggregate_prototypes, class_mean
 from fedpcd.algorithms.context import CLASS_MEAN_UPLOADS, ClientData, Upload
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
 from fedpcd.algorithms.fedavg import FedAvg
-from fedpcd.algorithms.presets import Preset
 from fedpcd.algorithms.statedict import device_of, weighted_average
 from fedpcd.algorithms.vectorizable import TwoFormLoss
+from fedpcd.params import Preset
 
 # ----- the two losses (Sec. 3.3.1, 3.3.2) -------------------------------------------------------------------
 

@@ -37,7 +37,6 @@ from fedpcd.algorithms.common import ClassSums
 from fedpcd.algorithms.context import ClientData, Upload, made_public
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
 from fedpcd.algorithms.fedavg import FedAvg
-from fedpcd.algorithms.presets import Preset
 from fedpcd.algorithms.readout import Readout
 from fedpcd.algorithms.statedict import (
     backbone_parameters,
@@ -48,6 +47,7 @@ from fedpcd.algorithms.statedict import (
 )
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
+from fedpcd.params import Preset
 
 EPS = 1e-12  # the norm guard of [C] (F.normalize's default)
 

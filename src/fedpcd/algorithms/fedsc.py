@@ -54,9 +54,9 @@ from fedpcd.algorithms.common import ClassSums, class_means_reply
 from fedpcd.algorithms.context import CLASS_MEAN_UPLOADS, ClientData, Upload
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Reply
 from fedpcd.algorithms.fedavg import FedAvg
-from fedpcd.algorithms.presets import Preset
 from fedpcd.algorithms.statedict import device_of
 from fedpcd.algorithms.vectorizable import TwoFormLoss
+from fedpcd.params import Preset
 
 U_MIN = 1e-6  # clamp of the U normaliser (Eq. 13; a library choice)
 

@@ -58,9 +58,9 @@ from fedpcd.algorithms.common import ClassSums
 from fedpcd.algorithms.context import ClientData, Upload
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
 from fedpcd.algorithms.fedavg import FedAvg
-from fedpcd.algorithms.presets import Preset
 from fedpcd.algorithms.statedict import clone_state
 from fedpcd.errors import UserError
+from fedpcd.params import Preset
 
 
 def stabilisation_weight(t: int, mu0: float, t_stable: int) -> float:

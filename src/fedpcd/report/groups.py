@@ -31,7 +31,7 @@ def without_algorithm(run: Run, method_keys: frozenset[str] = frozenset()) -> st
 def preset_keys(run: Run) -> frozenset[str]:
     """The keys outside ``algorithm.`` that the run's preset sets and the run has at the preset's value
     (e.g. the released code's gradient clipping): they belong to the method, as its own options do."""
-    from fedpcd.algorithms.presets import preset_values
+    from fedpcd.presets import preset_values
 
     section = run.config.get("algorithm", {})
     if section.get("preset") is None:
@@ -139,7 +139,7 @@ def setting_columns(varying: list[str], key: tuple, algorithm: str | None = None
             defaults.update(_defaults(section, sub, value))
     name = values.get("algorithm.name", algorithm)
     if values.get("algorithm.preset") is not None and name is not None:
-        from fedpcd.algorithms.presets import preset_values
+        from fedpcd.presets import preset_values
 
         with contextlib.suppress(UserError):  # a preset renamed since the run: its keys shown
             preset = preset_values(name, values["algorithm.preset"])

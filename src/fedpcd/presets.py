@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedpcd.algorithms.context import Preset
+from fedpcd.declarations import declaration
 from fedpcd.errors import UserError, did_you_mean, short
+from fedpcd.params import Preset
 
-__all__ = ["PROTOCOL", "Preset", "apply_preset", "describe_presets", "preset_values", "presets_of"]
+__all__ = ["PROTOCOL", "apply_preset", "describe_presets", "preset_values", "presets_of"]
 
 
 # the keys of a preset that give the experiment's federation and budget rather than the method
@@ -37,10 +38,9 @@ PROTOCOL = ("rounds", "clients", "participation", "local.epochs", "model.name")
 def presets_of(algorithm: str) -> dict[str, Preset]:
     """The presets of the registered algorithm ``algorithm`` (name -> Preset; empty when it has none): those
     its class declares itself, never a base class's (most methods subclass FedAvg, whose presets are FedAvgM
-    and FedAdam; FedGE declares FedGELA's)."""
-    from fedpcd.algorithms import ALGORITHMS
-
-    return dict(vars(ALGORITHMS.get(algorithm)).get("presets", {}))
+    and FedAdam; FedGE declares FedGELA's). Known without importing the algorithm
+    (``fedpcd.declarations``)."""
+    return dict(declaration("algorithm", algorithm).presets)
 
 
 def preset_values(algorithm: str, preset: object) -> dict[str, Any]:
