@@ -71,6 +71,8 @@ from typing import Any
 import jinja2
 import yaml
 
+import fedpcd.algorithms  # noqa: F401  (the pages are rendered from the declarations, never from a stale
+import fedpcd.models  # noqa: F401  rendering of them: src/fedpcd/declarations.json is one of the pages)
 from fedpcd.components import shipped_descriptions
 from fedpcd.declarations import shipped_declarations
 from fedpcd.labels import run_label

@@ -84,7 +84,12 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     for command in (["run"], ["partition"], ["config", "show"]):
         expected += [([*command, *mistake.split()], 2) for mistake in mistakes]
     # valid configs: the declarations of the shipped algorithms and models are read as rendered
-    for config in (["--config", "example"], ["--config", "headline/fednh-fmnist"], ["--config", "demo"]):
+    for config in (
+        ["--config", "example"],
+        ["--config", "headline/fednh-fmnist"],
+        ["--config", "demo"],
+        ["--config", "headline/fedgela-fmnist"],
+    ):
         expected.append((["config", "show", *config], 0))
     expected.append((["config", "show", "algorithm.name=fedsc", "algorithm.preset=official"], 0))
     # a folder that holds no run (missing, empty, stopped before its config.yaml), and the demo's bad input

@@ -18,9 +18,9 @@ from fedpcd import declarations
 from fedpcd.catalog import from_source, registry
 from fedpcd.config_identity import config_yaml
 from fedpcd.config_input import read_yaml, shipped_configs
-from fedpcd.declarations import _decode, _encode, _render, shipped_declarations
+from fedpcd.declarations import _decode, _encode, _rebuilt, _render, shipped_declarations
 from fedpcd.errors import UserError
-from fedpcd.params import PathText
+from fedpcd.params import Needs, PathText
 from fedpcd.resolve import load_config
 
 # every shipped config, plus each preset of the paper methods and the mistakes the declarations answer
@@ -44,7 +44,7 @@ OVERRIDDEN = [["algorithm.name=fedgela", "algorithm.preset=official", "local.gra
 CASES += [[None, overrides] for overrides in PRESETS + OVERRIDDEN + MISTAKES]
 
 # loads each [config, overrides] of argv[1]; prints per case the YAML or the error, then the warnings, and
-# last which components' modules were imported: torch, and fedgela's (its pair check imports it)
+# last which of torch and fedgela's module (the one pair check) were imported
 LOADER = """
 import json, logging, sys
 from fedpcd.config_identity import config_yaml
@@ -84,7 +84,7 @@ def test_configs_load_without_torch_as_with_the_registries_imported(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     light, imported = json.loads(done.stdout)
-    assert imported == ["fedpcd.algorithms.fedgela", "torch"]  # only the pair check imported anything
+    assert imported == []  # FedGELA's pair check included: it is declared as data (Needs)
     assert not from_source("algorithm")  # here the registries are imported: the declarations are read there
     for (path, overrides), got in zip(CASES, light, strict=True):
         assert got == _here(path, overrides), (path, overrides)
@@ -104,10 +104,9 @@ def _first_load_imports(overrides: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_only_a_model_of_other_parameters_or_a_pair_check_imports_the_components():
-    assert _first_load_imports(["algorithm.name=fednh", "algorithm.preset=paper"]) == []
+def test_only_a_model_of_other_parameters_imports_torch():
+    assert _first_load_imports(["algorithm.name=fedgela", "algorithm.preset=paper"]) == []
     assert _first_load_imports(["model.name=mlp", "model.hidden=64"]) == ["torch"]  # its size: built on meta
-    assert _first_load_imports(["algorithm.name=fedgela"]) == ["fedpcd.algorithms", "torch"]
 
 
 def test_the_rendering_holds_every_shipped_component():
@@ -115,7 +114,11 @@ def test_the_rendering_holds_every_shipped_component():
     for kind in declarations.KINDS:
         ours = {n for n in registry(kind).names() if registry(kind).get(n).__module__.startswith("fedpcd.")}
         assert set(rendered[kind]) == ours
-    assert rendered["algorithm"]["fedgela"]["combination"] is True
+    assert rendered["algorithm"]["fedgela"]["combination"] == {
+        "key": "proj_dim",
+        "other": "projection",
+        "allowed": ["fc", "mlp"],
+    }
     assert rendered["algorithm"]["fedssa"]["heterogeneous"] is True
     assert (
         rendered["algorithm"]["fedavg"]["plain_mean"] is True
@@ -159,3 +162,37 @@ class _Pattern:
 def test_the_rendering_refuses_what_it_would_not_rebuild(target):
     with pytest.raises(ValueError, match="rendering"):
         _render("model", "odd", target)
+
+
+def test_a_declared_pair_check_says_what_is_wrong():
+    needs = Needs("proj_dim", "projection", ("fc", "mlp"))
+    assert (
+        needs({"proj_dim": 8, "projection": "none"}) == "proj_dim (8) needs projection fc or mlp, not 'none'"
+    )
+    assert needs({"proj_dim": None, "projection": "none"}) is None
+    assert needs({"proj_dim": 8, "projection": "mlp"}) is None
+
+
+@dataclasses.dataclass
+class _Paired:
+    width: int | None = None
+    kind: Literal["a", "b"] = "a"
+
+    @staticmethod
+    def check_combination(values: dict[str, Any]) -> str | None:
+        return "width needs kind b" if values["width"] is not None and values["kind"] == "a" else None
+
+
+def test_a_pair_check_that_is_code_runs_from_the_imported_component():
+    """Rendered as true: the rebuilt declaration imports the component to run it."""
+    algorithms = registry("algorithm")
+    algorithms.register("_paired")(_Paired)
+    try:
+        data = _render("model", "_paired", _Paired)  # rendered as a model: no algorithm flags to read
+        assert data["combination"] is True
+        spec = _rebuilt("algorithm", "_paired", json.dumps(data)).spec
+        assert spec.validate({"width": 3, "kind": "b"}) == {"width": 3, "kind": "b"}
+        with pytest.raises(UserError, match="width needs kind b"):
+            spec.validate({"width": 3})
+    finally:
+        algorithms.unregister("_paired")

@@ -12,12 +12,14 @@ results pages, and the tests compare it with its rendering byte for byte, so it 
 Each rendered annotation is rebuilt into the same annotation (``int``, ``float``, ``bool``, ``str``, None,
 ``Literal``, unions, ``Annotated[T, Field(...)]``), so the rebuilt :class:`~fedpcd.params.ParamSpec`
 checks, coerces and words its errors as the declared one; the rendering refuses anything it would not
-rebuild exactly. A check relating two parameters (``check_combination``) is code: the component is imported
-where one is declared and its parameters are checked.
+rebuild exactly. A check relating two parameters (``check_combination``) is rendered where it is data
+(``fedpcd.params.Needs``, FedGELA's); where it is code, the component is imported when its parameters are
+checked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import operator
@@ -32,7 +34,7 @@ from pydantic import Field
 from pydantic.fields import FieldInfo
 from pydantic.types import AllowInfNan
 
-from fedpcd.params import ParamSpec, PathText, Preset, make_spec, param_spec
+from fedpcd.params import Needs, ParamSpec, PathText, Preset, make_spec, param_spec
 
 __all__ = ["Declaration", "declaration", "model_weights", "shipped_declarations"]
 
@@ -159,7 +161,7 @@ def _render(kind: str, name: str, target: Any) -> dict[str, Any]:
     spec = found.spec
     data: dict[str, Any] = {
         "params": {k: {"type": _encode(a), "default": spec.defaults[k]} for k, a in spec.annotations.items()},
-        "combination": spec.combination is not None,
+        "combination": _encode_check(spec.combination),
     }
     if kind == "algorithm":
         data["presets"] = {
@@ -170,19 +172,19 @@ def _render(kind: str, name: str, target: Any) -> dict[str, Any]:
     else:
         data["weights"] = found.weights
     rebuilt = _rebuilt(kind, name, json.dumps(data))
-    if _fingerprint(rebuilt, kind) != _fingerprint(found, kind):
+    if _fingerprint(rebuilt) != _fingerprint(found):
         raise ValueError(f"{kind} {name!r}: its declaration is not rebuilt exactly from its rendering")
     return data
 
 
-def _fingerprint(found: Declaration, kind: str) -> str:
-    """What must survive the rendering: every annotation, default and preset, as repr writes them."""
+def _fingerprint(found: Declaration) -> str:
+    """What must survive the rendering: every annotation, default, check and preset, as repr writes them."""
     spec = found.spec
     return repr(
         (
             spec.annotations,
             spec.defaults,
-            spec.combination is not None,
+            _encode_check(spec.combination),
             found.presets,
             found.heterogeneous,
             found.plain_mean,
@@ -203,22 +205,33 @@ def _rebuilt(kind: str, name: str, text: str) -> Declaration:
     data = json.loads(text)
     annotations = {k: _decode(p["type"]) for k, p in data["params"].items()}
     defaults = {k: p["default"] for k, p in data["params"].items()}
-    check = _imported_check(kind, name) if data["combination"] else None
+    check = _decode_check(kind, name, data["combination"])
     spec = make_spec(kind, name, annotations, defaults, check)
     presets = {p: Preset(**values) for p, values in data.get("presets", {}).items()}
     flags = {k: data[k] for k in ("heterogeneous", "plain_mean", "weights") if k in data}
     return Declaration(spec, presets=presets, **flags)
 
 
-def _imported_check(kind: str, name: str) -> Callable[[dict[str, Any]], str | None]:
-    """The component's ``check_combination``, its module imported when parameters are checked."""
+def _encode_check(check: Any) -> Any:
+    """A ``check_combination`` as JSON: null (none), a :class:`~fedpcd.params.Needs`'s fields, or true (code:
+    the component is imported to run it)."""
+    if check is None:
+        return None
+    return dataclasses.asdict(check) if isinstance(check, Needs) else True
 
-    def check(values: dict[str, Any]) -> str | None:
+
+def _decode_check(kind: str, name: str, data: Any) -> Callable[[dict[str, Any]], str | None] | None:
+    if data is None:
+        return None
+    if isinstance(data, dict):
+        return Needs(data["key"], data["other"], tuple(data["allowed"]))
+
+    def imported(values: dict[str, Any]) -> str | None:
         from fedpcd.catalog import registry
 
         return registry(kind).get(name).check_combination(values)
 
-    return check
+    return imported
 
 
 _SCALARS: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str, "null": None, "any": Any}

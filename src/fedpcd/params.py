@@ -14,7 +14,8 @@ Every parameter with a default is a config key; its annotation (``int``, ``float
 component (:func:`param_spec`, cached), and checks a given mapping against it: unknown keys, wrong types,
 values out of range are a :class:`~fedpcd.errors.UserError` of one line naming the parameter, the value
 and the valid range or choices. Checks that relate two parameters are a ``check_combination(values) ->
-str | None`` attribute of the component (None: fine; else the problem). Checks that need the data (e.g. at
+str | None`` attribute of the component (None: fine; else the problem): a function, or a :class:`Needs`
+(declared data, so that ``fedpcd.declarations`` can render it). Checks that need the data (e.g. at
 most as many classes per client as there are classes) stay in the component. An algorithm's named settings
 are :class:`Preset` values (applied by ``fedpcd.presets``).
 
@@ -171,6 +172,21 @@ def validate_params(
     The one entry point for algorithms (``target`` the dataclass), models (the builder) and partition
     schemes (the scheme function); a bad key or value is a one-line UserError naming the valid ones."""
     return param_spec(kind, name, target).validate(given or {}, prefix)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """A ``check_combination`` as data: a non-null ``key`` needs ``other`` to be one of ``allowed``."""
+
+    key: str
+    other: str
+    allowed: tuple[str, ...]
+
+    def __call__(self, values: Mapping[str, Any]) -> str | None:
+        if values[self.key] is None or values[self.other] in self.allowed:
+            return None
+        wanted = " or ".join(self.allowed)
+        return f"{self.key} ({values[self.key]}) needs {self.other} {wanted}, not {values[self.other]!r}"
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,7 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
 
     The presets, the components' names and their parameters are known without importing the components
     (``fedpcd.declarations``): while only the shipped ones exist, a config is loaded without torch, except
-    where a model is built with other parameters than its defaults (its size check) or a component
-    declares a check relating two parameters (FedGELA's)."""
+    where a model is given other parameters than its defaults (its size is checked on torch's meta device)."""
     check_values(raw)
     raw = apply_preset(raw)
     try:

@@ -84,7 +84,7 @@ from fedpcd.algorithms.statedict import (
 )
 from fedpcd.errors import UserError
 from fedpcd.models import backbone_keys
-from fedpcd.params import Preset
+from fedpcd.params import Needs, Preset
 
 BN_MOMENTUM = 0.1  # torch's BatchNorm1d default (the code's)
 BN_EPS = 1e-5
@@ -218,12 +218,8 @@ class FedGELA(FedAvg):
         ),
     }
 
-    @staticmethod
-    def check_combination(values: dict[str, Any]) -> str | None:
-        """proj_dim sizes a projection: with projection=none it would be ignored, so it is an error."""
-        if values["proj_dim"] is not None and values["projection"] == "none":
-            return f"proj_dim ({values['proj_dim']}) needs projection fc or mlp, not 'none'"
-        return None
+    # proj_dim sizes a projection: with projection=none it would be ignored, so it is an error
+    check_combination: ClassVar[Needs] = Needs("proj_dim", "projection", ("fc", "mlp"))
 
     # ----- the classifier side: phi, projection tensors, features -----
     def local_adaptation(self, label_counts: Tensor) -> tuple[Tensor, Tensor]:
