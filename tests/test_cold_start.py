@@ -100,6 +100,10 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     expected += [(["run", "--resume", "empty", "rounds=3"], 2), (["demo", "--out", "bad.yaml"], 2)]
     expected += [(["demo", "--out", "demo-out", mistake], 2) for mistake in ("roundz=3", "local.lr=-1")]
     expected += [(["report", str(ARCHIVED), "--rounds-to", "200"], 2)]  # before its runs are loaded
+    expected += [(["report", str(ARCHIVED), "--paired-with", "fedfoo"], 2)]  # after: configs without torch
+    (tmp_path / "grid.yaml").write_text("sweep:\n  seed: [0, 1]\nrounds: 1\n")
+    for options in (["--launcher", "kube"], ["--address", "localhost:6379"], ["--slurm", "time=5"]):
+        expected.append((["sweep", "--config", "grid.yaml", *options], 2))  # the launcher's options
     results = _run([argv for argv, _ in expected], tmp_path)
     assert [(argv, code) for argv, code, _ in results] == [(argv, code) for argv, code in expected]
     assert [argv for argv, _, torch in results if torch] == []

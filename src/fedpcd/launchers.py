@@ -451,8 +451,7 @@ class SlurmLauncher(Launcher):
     def __enter__(self) -> SlurmLauncher:
         import submitit
 
-        from fedpcd.engine.rundir import refuse_link
-        from fedpcd.utils import make_folder
+        from fedpcd.utils import make_folder, refuse_link
 
         refuse_link(self.folder)
         make_folder(self.folder)

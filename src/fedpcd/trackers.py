@@ -50,7 +50,7 @@ from fedpcd.config_identity import config_yaml, flatten
 from fedpcd.errors import UserError
 from fedpcd.run_format import RunFiles
 from fedpcd.run_read import read_metrics
-from fedpcd.utils import quiet, read_json
+from fedpcd.utils import quiet, read_json, refuse_link
 
 INSTALL = "pip install 'fedpcd[trackers]'"
 # logger -> the module it needs
@@ -168,7 +168,7 @@ class _TensorBoard:
     ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        from fedpcd.engine.rundir import refuse_link, writing
+        from fedpcd.engine.rundir import writing
 
         refuse_link(run.tensorboard)
         with writing(run.tensorboard):  # a resume: every step from the checkpointed records only
@@ -197,7 +197,7 @@ class _TensorBoard:
 
 def _remove_offline_runs(run: RunFiles, run_id: str) -> None:
     """Remove the run directory's offline W&B folders of the W&B run ``run_id`` (never through a link)."""
-    from fedpcd.engine.rundir import refuse_link, writing
+    from fedpcd.engine.rundir import writing
 
     refuse_link(run.wandb)
     with writing(run.wandb):

@@ -164,6 +164,16 @@ def check_writable(path: str | Path, folder: bool = False) -> None:
         raise UserError(f"cannot write {show_path(path)}: {show_path(blocker)} is a file, not a folder")
 
 
+def refuse_link(path: str | Path) -> None:
+    """A UserError if ``path`` is a symbolic link: fedpcd never writes through one in a run or sweep
+    folder."""
+    if os.path.islink(path):
+        raise UserError(
+            f"{path} is a symbolic link; fedpcd never writes through links in a run or sweep folder: replace "
+            "it with the real file or folder, or set output_dir to a new folder"
+        )
+
+
 def _depth(data: Any) -> int:
     """Nesting depth of parsed JSON (0 for a scalar), without recursion."""
     deepest, stack = 0, [(data, 1)]

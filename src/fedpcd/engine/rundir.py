@@ -35,7 +35,7 @@ from fedpcd.resolve import load_config
 from fedpcd.run_format import RunFiles
 from fedpcd.run_read import read_metrics
 from fedpcd.run_schema import Summary, check
-from fedpcd.utils import atomic_write, read_json
+from fedpcd.utils import atomic_write, read_json, refuse_link
 
 try:
     import fcntl
@@ -43,16 +43,6 @@ except ImportError:  # pragma: no cover - not on POSIX: no lock
     fcntl = None  # type: ignore[assignment]
 
 _HELD: dict[Path, int] = {}  # run directories whose lock this process holds -> nesting depth
-
-
-def refuse_link(path: str | Path) -> None:
-    """A UserError if ``path`` is a symbolic link: fedpcd never writes through one in a run or sweep
-    folder."""
-    if os.path.islink(path):
-        raise UserError(
-            f"{path} is a symbolic link; fedpcd never writes through links in a run or sweep folder: replace "
-            "it with the real file or folder, or set output_dir to a new folder"
-        )
 
 
 def write_error(path: str | Path, exc: OSError, what: str = "") -> UserError:

@@ -29,7 +29,8 @@ from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.config import Config
 from fedpcd.engine.checkpoint import load_weights_only
 from fedpcd.engine.federation import to_device
-from fedpcd.engine.rundir import RunDir, refuse_link, safe_write, writing
+from fedpcd.engine.rundir import RunDir, safe_write, writing
+from fedpcd.utils import refuse_link
 
 Backend = Literal["memory", "disk"]
 SUFFIX = ".pt"

@@ -19,7 +19,7 @@ from fedpcd.config_input import merge_dicts, parse_overrides, read_yaml
 from fedpcd.errors import UserError, clip
 from fedpcd.run_format import GA, PA_SPLIT
 from fedpcd.sweep.status import read_run_summary, run_status
-from fedpcd.utils import make_folder, path_error, show_path
+from fedpcd.utils import make_folder, path_error, refuse_link, show_path
 
 INDEX_FILE = "index.sqlite"  # in the sweep's output_dir, next to the runs' folders
 SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")  # what SQLite writes beside a database
@@ -81,7 +81,7 @@ def write_index(path: Path, configs: list[Config]) -> None:
     """Insert or replace the rows of ``configs`` in the SQLite index at ``path`` (one transaction). A folder
     that cannot hold it, or a file there that is not such an index (corrupt, read-only), is one line naming
     it: the index only mirrors the run folders, so deleting it loses nothing."""
-    from fedpcd.engine.rundir import create_regular_file, refuse_link
+    from fedpcd.engine.rundir import create_regular_file
 
     make_folder(path.parent, target=path)
     for suffix in SQLITE_SIDE_FILES:  # SQLite opens these itself: none may be a link

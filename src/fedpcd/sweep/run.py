@@ -20,7 +20,7 @@ from fedpcd.sweep.grid import expand_sweep
 from fedpcd.sweep.index import SQLITE_SIDE_FILES, index_path, write_index
 from fedpcd.sweep.progress import PROGRESS_EVERY, Progress, heartbeat
 from fedpcd.sweep.status import SKIP_REASONS, run_status
-from fedpcd.utils import show_path, show_text
+from fedpcd.utils import refuse_link, show_path, show_text
 
 if TYPE_CHECKING:
     from fedpcd.launchers import Launcher
@@ -32,7 +32,6 @@ def run_one(config_data: dict[str, Any], resume: bool) -> tuple[str, float | Non
     """Run or resume one run of the grid: its folder, its summary's wall time (None: another process
     finished it meanwhile) and the seconds it took here (data loading included: what the ETA needs)."""
     from fedpcd.backends import resume_run, run_experiment
-    from fedpcd.engine.rundir import refuse_link
 
     t0 = time.perf_counter()
     config = Config.model_validate(config_data)
@@ -53,7 +52,6 @@ def run_one(config_data: dict[str, Any], resume: bool) -> tuple[str, float | Non
 def check_sweep_links(index: Path, configs: list[Config]) -> None:
     """Refuse a sweep folder where what fedpcd writes (the index, its SQLite side files, the run folders) is
     a symbolic link, dangling or not: writing there would change what it points to."""
-    from fedpcd.engine.rundir import refuse_link
 
     for suffix in ("", *SQLITE_SIDE_FILES):
         refuse_link(index.with_name(index.name + suffix))
