@@ -80,7 +80,7 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     mistakes += ["partition.scheme=dirichlett", "partition.beta=-1", "model.clients={12: cnn1}"]
     mistakes += ["engine.min_clients=50", "model.name=[]"]
     mistakes += ["algorithm.name=fedprox algorithm.mu=-1", "model.name=mlp model.hidden=0"]
-    mistakes += ["algorithm.name=fedsc algorithm.preset=officiall"]
+    mistakes += ["algorithm.name=fedsc algorithm.preset=officiall", "dataset.name=hf:a/b/c"]
     for command in (["run"], ["partition"], ["config", "show"]):
         expected += [([*command, *mistake.split()], 2) for mistake in mistakes]
     # valid configs: the declarations of the shipped algorithms and models are read as rendered

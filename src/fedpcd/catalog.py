@@ -14,14 +14,16 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.util
 import json
+import re
 import sys
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from fedpcd.errors import UserError, choices, close_matches, short
+from fedpcd.errors import UserError, choices, clip, close_matches, short
 from fedpcd.registry import PLUGIN_GROUPS, Registry
 
 # kind -> (the module holding its registry, the registry's name, the decorator calls that register into it)
@@ -34,6 +36,8 @@ HOMES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 _PACKAGE = Path(__file__).parent
 HF_PREFIX = "hf:"  # dataset names hf:<hub name>: any Hugging Face dataset, known without registering
 HF_CHOICE = f"{HF_PREFIX}<owner>/<name> (a Hugging Face dataset)"  # the last valid choice of a dataset name
+HF_INSTALL = 'pip install "fedpcd[hf]"'  # what an hf: dataset needs
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 # what `fedpcd list NAME` says of each shipped component, rendered by fedpcd.components.shipped_descriptions
 DESCRIPTIONS = _PACKAGE / "descriptions.json"
 
@@ -114,10 +118,26 @@ def holds(kind: str, name: str) -> bool:
 def check_name(kind: str, name: str) -> None:
     """A UserError naming the near and the valid names unless ``name`` is a component of ``kind``
     (:func:`holds`): the registry's own message, told from the source while only the shipped components
-    exist (no torch)."""
-    if not holds(kind, name):
+    exist (no torch). A dataset ``hf:<hub name>`` is checked by :func:`check_hf_name`."""
+    if kind == "dataset" and name.startswith(HF_PREFIX):
+        check_hf_name(name)
+    elif not holds(kind, name):
         error = choices(kind, name, list(catalog(kind)))
         raise UserError(f"{error}, or {HF_CHOICE}") if kind == "dataset" else error
+
+
+def check_hf_name(name: str) -> str:
+    """The hub name of dataset ``hf:<owner>/<name>`` (or ``hf:<name>``); a UserError for a malformed name, or
+    where the ``datasets`` package is not installed."""
+    hub = name.removeprefix(HF_PREFIX)
+    if not _HUB_NAME.fullmatch(hub):
+        raise UserError(
+            f"bad Hugging Face dataset name {clip(name)!r}: expected hf:<owner>/<name>, "
+            "e.g. hf:uoft-cs/cifar10"
+        )
+    if importlib.util.find_spec("datasets") is None:
+        raise UserError(f"dataset {name!r} needs the datasets package: {HF_INSTALL}")
+    return hub
 
 
 @functools.cache

@@ -39,19 +39,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpcd.catalog import HF_PREFIX
+from fedpcd.catalog import HF_INSTALL, HF_PREFIX, check_hf_name
 from fedpcd.data.files import _cache_dir, find_or_download
 from fedpcd.data.tensors import Dataset, Loader, channel_stats
 from fedpcd.errors import UserError, clip
 from fedpcd.utils import atomic_write, show_path
 
-INSTALL = 'pip install "fedpcd[hf]"'
 IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMNS = ("label", "fine_label", "labels")
 TEST_SPLITS = ("test", "validation", "valid", "val")
 CACHE_FORMAT = 1  # raised when the cached tensors change meaning: older files are then never read
 DECODE_BATCH = 1024
-_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 LOG = logging.getLogger("fedpcd.data")
 
 
@@ -61,26 +59,13 @@ def require(module: str, user: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UserError(f"{user} needs the {module.split('.')[0]} package: {INSTALL}") from None
-
-
-def hub_name(name: str) -> str:
-    """The hub name of ``hf:<owner>/<name>`` (or ``hf:<name>``); UserError for anything else."""
-    hub = name.removeprefix(HF_PREFIX)
-    if not _HUB_NAME.fullmatch(hub):
-        raise UserError(
-            f"bad Hugging Face dataset name {clip(name)!r}: expected hf:<owner>/<name>, "
-            "e.g. hf:uoft-cs/cifar10"
-        )
-    return hub
+        raise UserError(f"{user} needs the {module.split('.')[0]} package: {HF_INSTALL}") from None
 
 
 def hf_loader(name: str) -> Loader:
     """The loader of dataset ``hf:<hub name>`` (what ``DATASETS.get`` returns for such a name); it also takes
     ``image_column`` and ``label_column``. Checks the name, and that ``datasets`` is installed, at once."""
-    hub = hub_name(name)
-    if importlib.util.find_spec("datasets") is None:
-        raise UserError(f"dataset {name!r} needs the datasets package: {INSTALL}")
+    hub = check_hf_name(name)
 
     def load_hf(
         root: Path | None, download: bool, image_column: str | None = None, label_column: str | None = None
