@@ -30,10 +30,11 @@ import pytest
 import fedpcd.registry
 from conftest import requires_fmnist
 from doc_blocks import PAGES, block_code, blocks
-from fedpcd.algorithms import ALGORITHMS, FedAvg, algorithm_params
+from fedpcd.algorithms import ALGORITHMS, FedAvg
 from fedpcd.cli import main
 from fedpcd.data.datasets import DATASETS
 from fedpcd.data.partition import PARTITIONERS
+from fedpcd.declarations import declaration
 from fedpcd.demo import DEMO_METHODS
 from fedpcd.errors import UserError
 from fedpcd.models import MODELS
@@ -365,7 +366,8 @@ def test_plugins_are_imported_once_on_the_first_lookup_and_listed(plugins, tmp_p
     assert cls.__module__ == "fedpcd_acme.algorithms" and issubclass(cls, FedAvg)
     doc = cls.__doc__.splitlines()[0]
     assert f"{'algorithm':<10} {'plugin_avg':<14} {doc}" in capsys.readouterr().out.splitlines()
-    assert algorithm_params("plugin_avg") == algorithm_params("fedavg")  # FedAvg's hyperparameters
+    plugin, fedavg = declaration("algorithm", "plugin_avg"), declaration("algorithm", "fedavg")
+    assert plugin.spec.defaults == fedavg.spec.defaults  # FedAvg's hyperparameters, read from the plugin
     ALGORITHMS.names()
     assert len(asked) == 4  # once per registry and process
 

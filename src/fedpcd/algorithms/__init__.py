@@ -21,7 +21,6 @@ from fedpcd.params import LocalTraining, validate_params
 
 __all__ = [
     "declared_uploads",
-    "fedavg_aggregating",
     "mean_aggregating",
     "ALGORITHMS",
     "Algorithm",
@@ -30,22 +29,11 @@ __all__ = [
     "FedAvg",
     "LocalTraining",
     "LocalWork",
-    "algorithm_params",
     "build_algorithm",
 ]
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
-
-
-def fedavg_aggregating() -> list[str]:
-    """The registered algorithms whose server aggregates as FedAvg does (only the mean of the clients'
-    models), which SecAgg+ and ``aggregation.robust`` apply to; names starting with ``_`` are left out."""
-    return [
-        n
-        for n in ALGORITHMS.names()
-        if not n.startswith("_") and ALGORITHMS.get(n).aggregate is Algorithm.aggregate
-    ]
 
 
 def declared_uploads(cls: type) -> tuple[Upload, ...] | None:
@@ -76,8 +64,3 @@ def build_algorithm(name: str, params: dict[str, Any] | None = None) -> Algorith
     """Instantiate a registered algorithm with checked, typed hyperparameters (its dataclass fields)."""
     cls = ALGORITHMS.get(name)
     return cls(**validate_params("algorithm", name, cls, params))
-
-
-def algorithm_params(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every hyperparameter of algorithm ``name``: ``params`` checked and coerced, defaults filled."""
-    return validate_params("algorithm", name, ALGORITHMS.get(name), params)
