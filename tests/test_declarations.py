@@ -190,7 +190,7 @@ def test_a_pair_check_that_is_code_runs_from_the_imported_component():
     try:
         data = _render("model", "_paired", _Paired)  # rendered as a model: no algorithm flags to read
         assert data["combination"] is True
-        spec = _rebuilt("algorithm", "_paired", json.dumps(data)).spec
+        spec = _rebuilt("algorithm", "_paired", json.loads(json.dumps(data))).spec
         assert spec.validate({"width": 3, "kind": "b"}) == {"width": 3, "kind": "b"}
         with pytest.raises(UserError, match="width needs kind b"):
             spec.validate({"width": 3})

@@ -71,9 +71,8 @@ def declaration(kind: str, name: str) -> Declaration:
     registered (``fedpcd.catalog.check_name``)."""
     from fedpcd.catalog import from_source, registry
 
-    rendered = _rendered().get(kind, {})
-    if from_source(kind) and name in rendered:
-        return _rebuilt(kind, name, json.dumps(rendered[name]))
+    if from_source(kind) and name in _rendered().get(kind, {}):
+        return _shipped(kind, name)
     return _declared(kind, name, registry(kind).get(name))
 
 
@@ -171,7 +170,7 @@ def _render(kind: str, name: str, target: Any) -> dict[str, Any]:
         data.update(heterogeneous=found.heterogeneous, plain_mean=found.plain_mean)
     else:
         data["weights"] = found.weights
-    rebuilt = _rebuilt(kind, name, json.dumps(data))
+    rebuilt = _rebuilt(kind, name, json.loads(json.dumps(data)))  # as read back from the file
     if _fingerprint(rebuilt) != _fingerprint(found):
         raise ValueError(f"{kind} {name!r}: its declaration is not rebuilt exactly from its rendering")
     return data
@@ -200,9 +199,13 @@ def _rendered() -> dict[str, Any]:
 
 
 @functools.cache
-def _rebuilt(kind: str, name: str, text: str) -> Declaration:
-    """The :class:`Declaration` of a rendered entry (``text``: its JSON), built once per process."""
-    data = json.loads(text)
+def _shipped(kind: str, name: str) -> Declaration:
+    """The declaration of a shipped component as rendered, rebuilt once per process."""
+    return _rebuilt(kind, name, _rendered()[kind][name])
+
+
+def _rebuilt(kind: str, name: str, data: dict[str, Any]) -> Declaration:
+    """The :class:`Declaration` of a rendered entry ``data`` (its JSON, parsed)."""
     annotations = {k: _decode(p["type"]) for k, p in data["params"].items()}
     defaults = {k: p["default"] for k, p in data["params"].items()}
     check = _decode_check(kind, name, data["combination"])
