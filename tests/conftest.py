@@ -101,6 +101,26 @@ def local_work(payload, state=None, seed: int | None = None, **values):
     return LocalWork(payload, state, rng, **values)
 
 
+def spy_sgd(monkeypatch) -> list[dict[str, Any]]:
+    """The shared loop's SGD loops as they run: one entry per ``train_loop`` that stepped (its parameters,
+    lr, momentum and decay), recorded from its steps (``sgd_update`` as ``train_loop`` calls it; a loop is
+    told apart by its momentum-buffer list, which the entry keeps alive)."""
+    from fedpcd.algorithms import contract
+
+    loops: list[dict[str, Any]] = []
+    real = contract.sgd_update
+
+    def spy(params, grads, buffers, lr, momentum, decay):
+        if not loops or loops[-1]["buffers"] is not buffers:
+            loops.append(
+                {"buffers": buffers, "params": list(params), "lr": lr, "momentum": momentum, "decay": decay}
+            )
+        real(params, grads, buffers, lr, momentum, decay)
+
+    monkeypatch.setattr(contract, "sgd_update", spy)
+    return loops
+
+
 def run_records(run_dir: Path) -> list[dict]:
     """A run's metrics.jsonl records without their wall-clock times (which differ between equal runs)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import SMALL_EVERY_METRIC, local_work, seeded, tiny_client, tiny_mlp
+from conftest import SMALL_EVERY_METRIC, local_work, seeded, spy_sgd, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import ditto as ditto_module
 from fedpcd.backends import run_experiment
@@ -134,16 +134,10 @@ def test_anchor_is_the_received_or_the_local_model(monkeypatch, anchor):
 @pytest.mark.parametrize(("option", "momentum", "wd"), [("sgd", 0.0, 0.0), ("local", 0.9, 1e-3)])
 def test_personal_optimiser_settings(monkeypatch, option, momentum, wd):
     alg, model = _alg(personal_optimizer=option), tiny_mlp()
-    seen: list[tuple[float, float, float]] = []
-    real = torch.optim.SGD
-
-    def spy(params, lr, momentum, weight_decay):
-        seen.append((lr, momentum, weight_decay))
-        return real(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-
-    monkeypatch.setattr(torch.optim, "SGD", spy)
+    loops = spy_sgd(monkeypatch)
     alg.local_update(model, _client(), LocalWork({"model": _shifted(model, 0.0)}, None, seeded()))
-    assert seen == [(0.1, 0.9, 1e-3), (0.1, momentum, wd)]  # FedAvg part, then the personal part
+    settings = [(loop["lr"], loop["momentum"], loop["decay"]) for loop in loops]
+    assert settings == [(0.1, 0.9, 1e-3), (0.1, momentum, wd)]  # FedAvg part, then the personal part
 
 
 def test_personal_sgd_step_is_algorithm_1():

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import SMALL_EVERY_METRIC, local_work, tiny_client
+from conftest import SMALL_EVERY_METRIC, local_work, spy_sgd, tiny_client
 from fedpcd.algorithms import ClientData, Context, LocalTraining, build_algorithm
 from fedpcd.algorithms.fednh import (
     class_feature_means,
@@ -134,19 +134,11 @@ def test_prototypes_are_not_in_the_optimizer_and_unchanged_by_local_training(mon
     protos_before = payload["prototypes"].clone()
     body_before = {k: v.clone() for k, v in payload["model"].items()}
 
-    captured: list[list[torch.Tensor]] = []
-    real_sgd = torch.optim.SGD
-
-    def spy(params, *args, **kwargs):
-        params = list(params)
-        captured.append(params)
-        return real_sgd(params, *args, **kwargs)
-
-    monkeypatch.setattr(torch.optim, "SGD", spy)
+    loops = spy_sgd(monkeypatch)
     work = local_work(payload, seed=0)
     reply, _ = alg.local_update(model, _client(), work)
 
-    (params,) = captured
+    (params,) = [loop["params"] for loop in loops]
     proto_ptr = payload["prototypes"].untyped_storage().data_ptr()
     assert all(p.untyped_storage().data_ptr() != proto_ptr for p in params)
     assert not payload["prototypes"].requires_grad

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import SMALL_EVERY_METRIC, local_work, seeded, tiny_client, tiny_mlp
+from conftest import SMALL_EVERY_METRIC, local_work, seeded, spy_sgd, tiny_client, tiny_mlp
 from fedpcd.algorithms import ClientData, Context, LocalTraining, LocalWork, build_algorithm
 from fedpcd.algorithms import fedrep as fedrep_module
 from fedpcd.algorithms.common import balanced_softmax_loss, log_prior
@@ -47,18 +47,13 @@ def _client(k: int = 0, labels: list[int] | None = None) -> ClientData:
     return tiny_client(y, 3, seed=7 + k, cid=k, local_test=True)
 
 
-def _spy_optimisers(monkeypatch) -> list[set[int]]:
-    """Record the parameter ids of every SGD optimiser the shared loop builds."""
-    seen: list[set[int]] = []
-    real = torch.optim.SGD
+def _spy_optimisers(monkeypatch) -> list[dict]:
+    """Record every SGD loop the shared loop runs (``_stepped`` gives their parameter ids)."""
+    return spy_sgd(monkeypatch)
 
-    def spy(params, *args, **kwargs):
-        params = list(params)
-        seen.append({id(p) for p in params})
-        return real(params, *args, **kwargs)
 
-    monkeypatch.setattr(torch.optim, "SGD", spy)
-    return seen
+def _stepped(loops: list[dict]) -> list[set[int]]:
+    return [_ids(loop["params"]) for loop in loops]
 
 
 def _ids(params) -> set[int]:
@@ -186,7 +181,7 @@ def test_fedrep_trains_the_head_then_the_body(monkeypatch):
     server = alg.init_server(model)
     reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, seeded()))
     head = _ids(model.head.parameters())
-    assert seen == [head, _ids(model.parameters()) - head]
+    assert _stepped(seen) == [head, _ids(model.parameters()) - head]
     assert not torch.equal(state["head.weight"], server["initial"]["head.weight"])
 
 
@@ -258,7 +253,7 @@ def test_fedbabu_head_never_in_the_optimiser_and_unchanged_during_fl(monkeypatch
         assert _equal(state, initial)  # the head the client keeps is the initial one, always
     assert _equal(server["initial"], initial)
     head, body = _ids(model.head.parameters()), _ids(model.parameters()) - _ids(model.head.parameters())
-    assert seen == [body, head | body] * 2  # FL: body only; fine-tuning: the whole net
+    assert _stepped(seen) == [body, head | body] * 2  # FL: body only; fine-tuning: the whole net
     assert not torch.equal(model.head.weight, initial["head.weight"])  # the personal model is fine-tuned
 
 

@@ -1,10 +1,12 @@
-"""``torch.optim.SGD``'s step on stacked tensors: each client (dim 0) its own gradient clipping, weight
-decay, momentum and update."""
+"""The local SGD step on stacked tensors: each client (dim 0) its own gradient clipping, then the shared
+loop's update (:func:`fedpcd.algorithms.sgd.sgd_update`, elementwise, so per client)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from fedpcd.algorithms.sgd import sgd_update
 
 
 def sgd_step(
@@ -16,19 +18,12 @@ def sgd_step(
     decay: float,
     clip: float | None,
 ) -> None:
-    """``torch.optim.SGD.step`` (single-tensor form, after ``clip_grad_norm_`` when ``clip`` is set) on
-    stacked tensors, each client its own: dim 0 of every tensor is the client."""
+    """``clip_grad_norm_`` (when ``clip`` is set) and the SGD step on stacked tensors, each client its own:
+    dim 0 of every tensor is the client; ``momenta`` zero-initialised (the first step's buffer m * 0 + g is g,
+    as torch's clone)."""
     present = [g for g in grads if g is not None]
     if clip is not None and present:
         norms = torch.stack([torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in present], 1)
         coef = (clip / (torch.linalg.vector_norm(norms, dim=1) + 1e-6)).clamp(max=1.0)
         grads = [None if g is None else g * coef.view(-1, *[1] * (g.dim() - 1)) for g in grads]
-    for w, g, buf in zip(params, grads, momenta, strict=True):
-        if g is None:
-            continue
-        if decay != 0:
-            g = g.add(w, alpha=decay)
-        if momentum != 0 and buf is not None:
-            buf.mul_(momentum).add_(g)
-            g = buf
-        w.add_(g, alpha=-lr)
+    sgd_update(params, grads, momenta, lr, momentum, decay)
