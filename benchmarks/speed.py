@@ -449,6 +449,15 @@ SIDE_ARGS = [  # FedAvg, Fashion-MNIST, Simple-CNN, 20 clients Dirichlet(0.1), b
 ]
 TARGET_TRAIN_W2, TARGET_E2E_W2, TARGET_VEC_SPLIT_W2, TARGET_MEMORY_W2 = 1.8, 1.75, 2.4, 1.5
 TARGET_VEC_TRAIN_W2 = 3.0  # engine.executor: vectorized, workers 2, training only
+TARGET_FULL_EVERY_1_W2 = 1.6  # personal_full_every: 1 (the full personal test every round), workers 2
+# the end-to-end variants: (executor, personal_test, personal_full_every), named by e2e_name
+E2E_VARIANTS = (("sequential", "full", 5), ("sequential", "split", 5), ("vectorized", "split", 5))
+E2E_VARIANTS += (("sequential", "full", 1),)
+
+
+def e2e_name(executor: str, test: str, every: int) -> str:
+    """ "e2e sequential full", or with the full personal test every round "e2e sequential full every1"."""
+    return f"e2e {executor} {test}" + (f" every{every}" if every != 5 else "")
 
 
 class PeakMemory:
@@ -517,10 +526,11 @@ def train_only(fed: Federation, workers: int, rounds: int, executor: str = "sequ
 
 
 def end_to_end(
-    fraction: float, rounds: int, workers: int, executor: str, personal_test: str
+    fraction: float, rounds: int, workers: int, executor: str, personal_test: str, full_every: int = 5
 ) -> dict[str, Any]:
-    """One local run (evaluation every round): each round's wall time (the pool starts in the first)
-    and the peak memory of its processes."""
+    """One local run (evaluation every round; with ``personal_test: full`` the full personal test every
+    ``full_every`` rounds and in the last): each round's wall time (the pool starts in the first) and the
+    peak memory of its processes."""
     from fedpcd.backends import run_experiment
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -531,6 +541,7 @@ def end_to_end(
             f"engine.workers={workers}",
             f"engine.executor={executor}",
             f"personal_test={personal_test}",
+            f"personal_full_every={full_every}",
         )
         with PeakMemory() as memory:
             run_experiment(config, progress=False)
@@ -557,11 +568,13 @@ def side_by_side(fraction: float, rounds: int, repeats: int, training_only: bool
     }
     memory: dict[str, list[float]] = {}
     for workers in () if training_only else (1, 2):
-        for executor, test in (("sequential", "full"), ("sequential", "split"), ("vectorized", "split")):
-            name = f"e2e {executor} {test} w{workers}"
+        for executor, test, every in E2E_VARIANTS:
+            name = f"{e2e_name(executor, test, every)} w{workers}"
 
-            def run(w: int = workers, e: str = executor, t: str = test, n: str = name) -> list[float]:
-                row = end_to_end(fraction, rounds, w, e, t)
+            def run(
+                w: int = workers, e: str = executor, t: str = test, f: int = every, n: str = name
+            ) -> list[float]:
+                row = end_to_end(fraction, rounds, w, e, t, f)
                 memory.setdefault(n, []).append(row["peak_pss_mb"])
                 return row["rounds_s"]
 
@@ -611,9 +624,12 @@ def print_side_by_side(side: dict[str, Any]) -> list[str]:
     print(f"{'':36} {'w1':>10} {'w2':>10} {'w1':>10} {'w2':>10} {'w1 -> w2':>22}")
     rows = [("plain loop (training only)", "plain", None), ("fedpcd training only", "train", None)]
     rows.append(("fedpcd training only, vectorized", "train vectorized", None))
-    for executor, test in (("sequential", "full"), ("sequential", "split"), ("vectorized", "split")):
-        if f"e2e {executor} {test} w1" in steady:
-            rows.append((f"e2e {executor}, personal_test {test}", f"e2e {executor} {test}", test))
+    for executor, test, full_every in E2E_VARIANTS:
+        name = e2e_name(executor, test, full_every)
+        if f"{name} w1" in steady:
+            setting = "full test each round" if full_every == 1 else f"personal_test {test}"
+            label = f"e2e {executor}, {setting}"
+            rows.append((label, name, test))
     for label, name, _ in rows:
         if name == "plain":
             print(f"{label:36} {steady['plain']:>10.2f} {'':>10} {every['plain']:>10.2f}")
@@ -635,6 +651,7 @@ def print_side_by_side(side: dict[str, Any]) -> list[str]:
         ("train vectorized w2", TARGET_VEC_TRAIN_W2),
         ("e2e sequential full w2", TARGET_E2E_W2),
         ("e2e vectorized split w2", TARGET_VEC_SPLIT_W2),
+        ("e2e sequential full every1 w2", TARGET_FULL_EVERY_1_W2),
     ):
         if name in steady and steady[name] < target:
             misses.append(f"{name}: {steady[name]:.2f}x < {target}x")
