@@ -90,7 +90,7 @@ def test_a_training_process_does_not_import_torch_dynamo(tmp_path) -> None:
     not."""
     code = (
         "import sys\nfrom fedpcd.cli import main\n"
-        f"main(['run', 'dataset.name=digits', 'model.name=mlp', 'model.hidden=8', 'clients=2', 'rounds=1',"
+        f"main(['run', 'dataset.name=synthetic', 'model.name=mlp', 'model.hidden=8', 'clients=2', 'rounds=1',"
         f" 'output_dir={tmp_path / 'run'}', '--quiet'])\n"
         "print('torch' in sys.modules, 'torch._dynamo' in sys.modules)"
     )
