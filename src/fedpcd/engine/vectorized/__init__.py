@@ -34,7 +34,8 @@ How it reproduces the contract's ``local_update`` = ``begin_local``; ``fit`` (th
   ``functional_call`` on the twin, vmapped with the rest (shared or per-client weights).
 - ``correct_grads`` (SCAFFOLD's c - c_i, FedDyn's and FedDC's regulariser gradients) is vmapped over the
   clients' stacked gradients, parameters and works.
-- The optimiser is ``torch.optim.SGD``'s single-tensor update on stacked tensors, each client its own:
+- The optimiser is the shared loop's step (``fedpcd.algorithms.sgd.sgd_update``: ``torch.optim.SGD``'s
+  single-tensor update) on stacked tensors, each client its own:
   gradient-norm clipping as ``clip_grad_norm_`` (total norm over the trainable tensors, coefficient max /
   (norm + 1e-6) clamped to 1), g + wd w, momentum buffer b <- m b + g (zero-initialised: the first step is b =
   g, as torch's clone), w <- w - lr b. The mean train loss is accumulated as the loop does.

@@ -12,8 +12,9 @@ from torch.func import functional_call, vmap
 
 from fedpcd.algorithms import Algorithm, LocalWork
 from fedpcd.algorithms.common import round_lr
+from fedpcd.algorithms.sgd import sgd_update
 from fedpcd.engine.vectorized.clients import Client, batch_stream, work_of
-from fedpcd.engine.vectorized.sgd import sgd_step
+from fedpcd.engine.vectorized.sgd import clip_per_client
 from fedpcd.engine.vectorized.stacking import rebuild, stack_or_share, tensor_leaves, twin_of
 
 
@@ -132,8 +133,9 @@ def train_steps(
             with torch.no_grad():
                 if correcting:  # correct_grads, per client, as the shared loop calls it
                     grads = corrected_grads(batched_grads, list(tr), grads, tr, per)
-                momenta_of = [mom.get(k) for k in tr]
-                sgd_step(list(tr.values()), list(grads), momenta_of, lr, momentum, decay, clip)
+                clipped = clip_per_client(list(grads), clip)
+                momenta_of = [mom.get(k) for k in tr]  # zero-initialised: the first step's m * 0 + g is g
+                sgd_update(list(tr.values()), clipped, momenta_of, lr, momentum, decay)
                 if idx is not None:
                     for src, dst in ((tr, trainable), (per, carried), (mom, momenta)):
                         for k, v in src.items():
