@@ -409,7 +409,7 @@ def train_loop(
     lr: float | None = None,
     plain_sgd: bool = False,
 ) -> float:
-    """The shared local loop: SGD over ``trainable_parameters`` (:func:`fedpcd.algorithms.sgd.sgd_update`,
+    """The shared local loop: SGD over ``trainable_parameters`` (``fedpcd.algorithms.sgd.sgd_update``,
     fresh momentum buffers), ``epochs`` shuffled passes drawn from ``work.rng``, on each batch ``loss``,
     backward, ``correct_grads``, the gradient-norm clip ``local.grad_clip`` and the step (counted in
     ``work.steps``). Other parameters are frozen for the loop
