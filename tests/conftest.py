@@ -102,22 +102,27 @@ def local_work(payload, state=None, seed: int | None = None, **values):
 
 
 def spy_sgd(monkeypatch) -> list[dict[str, Any]]:
-    """The shared loop's SGD loops as they run: one entry per ``train_loop`` that stepped (its parameters,
-    lr, momentum and decay), recorded from its steps (``sgd_update`` as ``train_loop`` calls it; a loop is
-    told apart by its momentum-buffer list, which the entry keeps alive)."""
-    from fedpcd.algorithms import contract
+    """The client loops' SGD optimisers as they step (``fedpcd.algorithms.sgd.SGD``): one entry per optimiser
+    that stepped, in order (its parameters, lr, momentum and decay; the entry keeps the optimiser)."""
+    from fedpcd.algorithms.sgd import SGD
 
     loops: list[dict[str, Any]] = []
-    real = contract.sgd_update
+    real = SGD.step
 
-    def spy(params, grads, buffers, lr, momentum, decay):
-        if not loops or loops[-1]["buffers"] is not buffers:
+    def step(self: SGD) -> None:
+        if not loops or loops[-1]["opt"] is not self:
             loops.append(
-                {"buffers": buffers, "params": list(params), "lr": lr, "momentum": momentum, "decay": decay}
+                {
+                    "opt": self,
+                    "params": self.params,
+                    "lr": self.lr,
+                    "momentum": self.momentum,
+                    "decay": self.weight_decay,
+                }
             )
-        real(params, grads, buffers, lr, momentum, decay)
+        real(self)
 
-    monkeypatch.setattr(contract, "sgd_update", spy)
+    monkeypatch.setattr(SGD, "step", step)
     return loops
 
 

@@ -40,6 +40,7 @@ from fedpcd.algorithms.common import round_lr
 from fedpcd.algorithms.context import ClientData
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor
 from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.sgd import SGD
 from fedpcd.algorithms.statedict import StateDict, clone_state, device_of
 
 
@@ -79,9 +80,7 @@ class APFL(FedAvg):
         v = {k: t.detach().clone().requires_grad_(k in w) for k, t in work.state["v"].items()}
         alpha = work.state["alpha"].detach().clone().requires_grad_(self.adaptive_alpha)
         models = [list(w.values()), [v[k] for k in w]]
-        opts = [
-            torch.optim.SGD(p, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay) for p in models
-        ]
+        opts = [SGD(p, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay) for p in models]
         model.train()
         total, seen = torch.zeros((), device=device_of(model)), 0
         for _ in range(cfg.epochs):
@@ -91,7 +90,7 @@ class APFL(FedAvg):
                 v_bar = mixture(alpha, v, detached, set(w))
                 loss_v = F.cross_entropy(functional_call(model, v_bar, (x,)), y)
                 for opt in opts:
-                    opt.zero_grad(set_to_none=True)
+                    opt.zero_grad()
                 alpha.grad = None
                 (loss_w + loss_v).backward()
                 for params, opt in zip(models, opts, strict=True):

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from fedpcd.algorithms.common import round_lr
 from fedpcd.algorithms.context import ClientData, Context, Upload
-from fedpcd.algorithms.sgd import sgd_update
+from fedpcd.algorithms.sgd import SGD
 from fedpcd.algorithms.statedict import clone_state, weighted_average
 from fedpcd.registry import Registry
 
@@ -409,8 +409,8 @@ def train_loop(
     lr: float | None = None,
     plain_sgd: bool = False,
 ) -> float:
-    """The shared local loop: SGD over ``trainable_parameters`` (``fedpcd.algorithms.sgd.sgd_update``,
-    fresh momentum buffers), ``epochs`` shuffled passes drawn from ``work.rng``, on each batch ``loss``,
+    """The shared local loop: a fresh SGD optimiser (``fedpcd.algorithms.sgd.SGD``) over
+    ``trainable_parameters``, ``epochs`` shuffled passes drawn from ``work.rng``, on each batch ``loss``,
     backward, ``correct_grads``, the gradient-norm clip ``local.grad_clip`` and the step (counted in
     ``work.steps``). Other parameters are frozen for the loop
     (FedRep's head epochs skip the body's backward; the steps are the same).
@@ -432,7 +432,7 @@ def train_loop(
     if lr is None:
         lr = round_lr(cfg, work.round)
     momentum, decay = (0.0, 0.0) if plain_sgd else (cfg.momentum, cfg.weight_decay)
-    buffers: list[Tensor | None] = [None] * len(params)  # momentum buffers
+    opt = SGD(params, lr=lr, momentum=momentum, weight_decay=decay)
     correcting = type(algorithm).correct_grads is not Algorithm.correct_grads
     model.train()
     total = torch.zeros((), device=next(model.parameters()).device)
@@ -441,14 +441,13 @@ def train_loop(
         for _ in range(cfg.epochs if epochs is None else epochs):
             for batch in data.batches(cfg.batch_size, work.rng):
                 loss = algorithm.loss(model, batch, work)
-                for p in params:
-                    p.grad = None
+                opt.zero_grad()
                 loss.backward()
                 if correcting:
                     _correct_grads(algorithm, model, work)
                 if cfg.grad_clip is not None:
                     nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                sgd_update(params, [p.grad for p in params], buffers, lr, momentum, decay)
+                opt.step()
                 work.steps += 1
                 n = len(batch[1])
                 total += loss.detach() * n

@@ -53,6 +53,7 @@ from fedpcd.algorithms.common import ClassSums, frozen_forward, linear_init
 from fedpcd.algorithms.context import ClientData, Upload
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
 from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.sgd import SGD
 from fedpcd.algorithms.statedict import StateDict, clone_state, device_of
 from fedpcd.models import head_keys
 
@@ -145,10 +146,10 @@ def match_features(
     """``steps`` plain SGD steps of L(F) on all features at once ([C]: one step per match epoch); the
     features of classes outside ``classes`` get no gradient and are returned unchanged."""
     feats = features.detach().clone().requires_grad_(True)
-    opt = torch.optim.SGD([feats], lr=lr)
+    opt = SGD([feats], lr=lr)
     for _ in range(steps):
         loss = matching_loss(feats, weight, bias, real_w, real_b, classes)
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         loss.backward()
         opt.step()
     return feats.detach()

@@ -41,6 +41,7 @@ from fedpcd.algorithms.context import ClientData, Upload, made_public
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Payload, Predictor, Reply
 from fedpcd.algorithms.fedavg import FedAvg
 from fedpcd.algorithms.fedgela import simplex_etf
+from fedpcd.algorithms.sgd import SGD
 from fedpcd.algorithms.statedict import (
     backbone_parameters,
     clone_state,
@@ -205,8 +206,8 @@ class FedETF(FedAvg):
         cfg = self.ctx.local
         for _ in range(self.finetune_rounds):
             phases = (
-                torch.optim.SGD([etf], lr=self.finetune_lr_etf),
-                torch.optim.SGD(
+                SGD([etf], lr=self.finetune_lr_etf),
+                SGD(
                     list(proj.values()),
                     lr=self.finetune_lr_proj,
                     momentum=cfg.momentum,
@@ -219,7 +220,7 @@ class FedETF(FedAvg):
                     for start in range(0, len(order), cfg.batch_size):
                         b = order[start : start + cfg.batch_size]
                         loss = F.cross_entropy(etf_logits(z[b], proj, etf, scale), y[b])
-                        opt.zero_grad(set_to_none=True)
+                        opt.zero_grad()
                         loss.backward()
                         opt.step()
         return etf.detach(), {k: v.detach() for k, v in proj.items()}

@@ -41,6 +41,7 @@ from fedpcd.algorithms.common import Weighting, reply_weights, round_lr
 from fedpcd.algorithms.context import ClientData
 from fedpcd.algorithms.contract import ALGORITHMS, LocalWork, Predictor, Reply
 from fedpcd.algorithms.fedavg import FedAvg
+from fedpcd.algorithms.sgd import SGD
 from fedpcd.algorithms.statedict import clone_state, sq_distance, weighted_average
 
 
@@ -86,7 +87,7 @@ class PFedMe(FedAvg):
         cfg = self.ctx.local
         eta = round_lr(cfg, work.round)
         params = [p for p in model.parameters() if p.is_floating_point()]
-        opt = torch.optim.SGD(params, lr=self.personal_lr, weight_decay=cfg.weight_decay)
+        opt = SGD(params, lr=self.personal_lr, weight_decay=cfg.weight_decay)
         work.local = {n: p.detach().clone() for n, p in model.named_parameters() if p.is_floating_point()}
         model.train()
         total, seen = 0.0, 0
@@ -94,7 +95,7 @@ class PFedMe(FedAvg):
             for batch in data.batches(cfg.batch_size, work.rng):
                 for _ in range(self.inner_steps):
                     loss = self.loss(model, batch, work)
-                    opt.zero_grad(set_to_none=True)
+                    opt.zero_grad()
                     loss.backward()
                     if cfg.grad_clip is not None:
                         nn.utils.clip_grad_norm_(params, cfg.grad_clip)

@@ -1,12 +1,13 @@
 """The local optimiser: ``torch.optim.SGD``'s step written out (its single-tensor form, the one it takes on
-the CPU; no dampening, no Nesterov), for the shared loop (:func:`fedpcd.algorithms.contract.train_loop`) and
-the vectorized executor's stacked tensors. The same operations in the same order, so the weights are
-bitwise those of ``torch.optim.SGD``; building torch's optimiser imports ``torch._dynamo`` (about 1 s in
-every training process: the run's and each worker's), this does not."""
+the CPU; no dampening, no Nesterov), for every client-side loop (the shared loop
+:func:`fedpcd.algorithms.contract.train_loop`, APFL's, pFedMe's, CReFF's and FedETF's own) and the
+vectorized executor's stacked tensors. The same operations in the same order, so the weights are bitwise
+those of ``torch.optim.SGD``; building torch's optimiser imports ``torch._dynamo`` (about 1 s in every
+training process: the run's and each worker's), this does not."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -46,3 +47,23 @@ def sgd_update(
                 buf.mul_(momentum).add_(g)
             g = buf
         w.add_(g, alpha=-lr)
+
+
+class SGD:
+    """``torch.optim.SGD(params, lr, momentum, weight_decay)`` as the client loops use it: ``zero_grad()``
+    (gradients set to None) and ``step()`` (:func:`sgd_update`, momentum buffers from the first step)."""
+
+    def __init__(self, params: Iterable[Tensor], lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+        self.params = list(params)
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.buffers: list[Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self) -> None:
+        """Every parameter's gradient to None (``set_to_none=True``)."""
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        """One SGD step on the parameters' current gradients."""
+        grads = [p.grad for p in self.params]
+        sgd_update(self.params, grads, self.buffers, self.lr, self.momentum, self.weight_decay)
