@@ -47,11 +47,6 @@ def _client(k: int = 0, labels: list[int] | None = None) -> ClientData:
     return tiny_client(y, 3, seed=7 + k, cid=k, local_test=True)
 
 
-def _spy_optimisers(monkeypatch) -> list[dict]:
-    """Record every SGD loop the shared loop runs (``_stepped`` gives their parameter ids)."""
-    return spy_sgd(monkeypatch)
-
-
 def _stepped(loops: list[dict]) -> list[set[int]]:
     return [_ids(loop["params"]) for loop in loops]
 
@@ -177,7 +172,7 @@ def test_local_communicates_nothing_and_has_no_global_model():
 
 def test_fedrep_trains_the_head_then_the_body(monkeypatch):
     alg, model = _alg("fedrep", head_epochs=2, body_epochs=1), tiny_mlp()
-    seen = _spy_optimisers(monkeypatch)
+    seen = spy_sgd(monkeypatch)
     server = alg.init_server(model)
     reply, state = alg.local_update(model, _client(), LocalWork(alg.payload_for(server, 0), None, seeded()))
     head = _ids(model.head.parameters())
@@ -242,7 +237,7 @@ def test_fedrep_default_body_epochs_are_local_epochs(monkeypatch):
 
 def test_fedbabu_head_never_in_the_optimiser_and_unchanged_during_fl(monkeypatch):
     alg, model = _alg("fedbabu", epochs=2, finetune_epochs=1), tiny_mlp()
-    seen = _spy_optimisers(monkeypatch)
+    seen = spy_sgd(monkeypatch)
     server = alg.init_server(model)
     initial = {k: v.clone() for k, v in server["initial"].items()}
     state = None
