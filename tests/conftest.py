@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -243,3 +244,14 @@ def start_cli(argv: list[str], out_dir: Path, **popen: object) -> subprocess.Pop
             start_new_session=True,
             **popen,
         )
+
+
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) (.*)$")
+
+
+def log_lines(path) -> list[tuple[str, str]]:
+    """(level, message) of each line of a run.log; every line must have a time and a level (a traceback's
+    lines follow the line of its error and are skipped)."""
+    lines = path.read_text().splitlines()
+    assert lines and LOG_LINE.match(lines[0]), lines[:1]
+    return [m.groups() for m in map(LOG_LINE.match, lines) if m]

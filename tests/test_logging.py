@@ -1,6 +1,6 @@
 """fedpcd's log: the stderr lines of each verbosity, run.log (times, levels, appended, re-entrant, the way a
-run ended, links refused), and run.log in the run directory of local and Flower runs, which a new run or a
-resume accepts there."""
+run ended, links refused), and run.log in the run directory of local runs (a Flower run's:
+test_flower_processes.py), which a new run or a resume accepts there."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from conftest import log_lines
 from fedpcd.backends import resume_run, run_experiment
 from fedpcd.errors import UserError
 from fedpcd.logs import LOGGER, run_log, setup
@@ -16,7 +17,6 @@ from fedpcd.resolve import load_config
 from fedpcd.run_format import RunFiles
 
 TINY = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "clients=2"]
-LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) (.*)$")
 
 
 @pytest.fixture(autouse=True)
@@ -25,14 +25,6 @@ def default_verbosity():
     setup(0)
     yield
     setup(0)
-
-
-def log_lines(path) -> list[tuple[str, str]]:
-    """(level, message) of each line of a run.log; every line must have a time and a level (a traceback's
-    lines follow the line of its error and are skipped)."""
-    lines = path.read_text().splitlines()
-    assert lines and LINE.match(lines[0]), lines[:1]
-    return [m.groups() for m in map(LINE.match, lines) if m]
 
 
 def emit_each_level() -> None:
@@ -141,19 +133,3 @@ def test_run_log_left_by_a_run_stopped_before_its_files_is_not_foreign(tmp_path)
     run_experiment(load_config(None, [*TINY, "rounds=1", f"output_dir={out}"]), progress=False)
     assert RunFiles(out).summary.exists()
     assert [m for level, m in log_lines(RunFiles(out).run_log) if level == "ERROR"][0].startswith("stopped: ")
-
-
-@pytest.mark.slow
-def test_a_flower_simulation_writes_run_log_once(tmp_path):
-    """run_flower holds the run directory and its ServerApp thread opens it again: one set of lines."""
-    pytest.importorskip("flwr")
-    from fedpcd.engine import Run
-    from fedpcd.flower.simulation import run_flower
-
-    out = tmp_path / "fl"
-    config = load_config(None, [*TINY, "rounds=2", "backend=flower", f"output_dir={out}"])
-    run_flower(Run.create(config), progress=False)
-    messages = [m for _, m in log_lines(RunFiles(out).run_log)]
-    assert [m for m in messages if m.startswith("round ") and "GA=" in m][0].startswith("round 1: GA=")
-    assert sum(m.startswith("round ") and "GA=" in m for m in messages) == 2
-    assert sum(m.startswith("fedpcd ") for m in messages) == 1 and messages[-1] == "finished"

@@ -112,51 +112,6 @@ def test_sigterm_on_a_local_run_is_like_ctrl_c(tmp_path):
     assert (out / ".lock").read_text() == ""
 
 
-SMALL = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=32", "local.batch_size=32"]
-
-
-@pytest.mark.slow
-def test_ctrl_c_on_a_flower_simulation_prints_only_fedpcds_line(tmp_path):
-    """A terminal's Ctrl-C (SIGINT to the process group) in the middle of a Flower simulation: exit 130, the
-    interrupt line and nothing else on either stream (Ray used to report each ClientApp stopped in the middle
-    of a task as "(raylet) A worker died ... SYSTEM_ERROR"), no process of the run left."""
-    pytest.importorskip("flwr")
-    from fedpcd.flower import procs
-
-    out = tmp_path / "run"
-    for sub in ("flwr-home", "ray"):
-        (tmp_path / sub).mkdir()
-    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr-home"), "RAY_TMPDIR": str(tmp_path / "ray")}
-    argv = ["run", "--quiet", "backend=flower", *SMALL, "clients=2", "rounds=500", f"output_dir={out}"]
-    proc = start_cli(argv, tmp_path, env=env)
-    seen: set[procs.Proc] = set()
-    metrics = out / "metrics.jsonl"
-    while proc.poll() is None and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
-        seen |= procs.descendants(proc.pid)
-        time.sleep(0.2)
-    seen |= procs.descendants(proc.pid)
-    assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
-    assert any("ClientAppActor" in _cmdline(p.pid) for p in seen)  # Ray ran the ClientApps
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        assert proc.wait(timeout=120) == 130
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    stdout, stderr = (tmp_path / "stdout.txt").read_text(), (tmp_path / "stderr.txt").read_text()
-    assert stderr.splitlines() == [f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"], stderr
-    assert stdout == ""
-    procs.wait_gone(seen, timeout=10.0)  # (the watchdog is released as the run ends: it may exit just after)
-    assert not [p for p in seen if procs.alive(p)]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _sleeper() -> subprocess.Popen:
     return subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
 
