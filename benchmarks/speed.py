@@ -43,6 +43,8 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import multiprocessing
+import queue
 import resource
 import statistics
 import sys
@@ -550,9 +552,46 @@ def end_to_end(
     return {"rounds_s": walls, "peak_pss_mb": memory.peak}
 
 
+def _plain_in_process(fraction: float, rounds: int, start: Any, results: Any) -> None:
+    """One of :func:`plain_parallel`'s processes: the plain loop's rounds, each begun at ``start``."""
+    torch.set_num_threads(1)
+    fed = build_federation(side_config(fraction, rounds, "unused"))
+    plain, ids = PlainLoop(fed), list(range(len(fed.clients)))
+    times = []
+    for rnd in range(1, rounds + 1):
+        start.wait()
+        times.append(plain.round(rnd, ids))
+    results.put(times)
+
+
+def plain_parallel(fraction: float, rounds: int, processes: int = 2) -> list[float]:
+    """The most ``processes`` processes get from this machine: as many plain loops at once, each in its own
+    process on all the clients' samples, every round begun together. Returns the seconds per round's worth of
+    samples (a round's wall time, the slowest process's, over ``processes``)."""
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(processes), context.Queue()
+    workers = [
+        context.Process(target=_plain_in_process, args=(fraction, rounds, start, results))
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    times: list[list[float]] = []
+    while len(times) < processes:
+        with contextlib.suppress(queue.Empty):
+            times.append(results.get(timeout=1))
+        if any(w.exitcode for w in workers):  # one failed: the others would wait at the barrier
+            start.abort()
+            raise RuntimeError("a process of the plain loops in parallel failed (its traceback is above)")
+    for worker in workers:
+        worker.join()
+    return [max(ts) / processes for ts in zip(*times, strict=True)]
+
+
 def side_by_side(fraction: float, rounds: int, repeats: int, training_only: bool = False) -> dict[str, Any]:
     """The issue's comparison in one process: a plain loop and fedpcd (training only, sequential and
-    vectorized, and, unless ``training_only``, end to end with evaluation every round) at 1 and 2 processes,
+    vectorized, and, unless ``training_only``, end to end with evaluation every round) at 1 and 2 processes
+    (the plain loop's "w2": two at once, :func:`plain_parallel`, the machine's ceiling for 2 processes),
     as throughput ratios to the plain loop over all rounds ("all": the workers' start and every process's
     first-round warm-up included) and over rounds 2.. ("steady"), plus peak memory."""
     fed = build_federation(side_config(fraction, rounds, "unused"))
@@ -561,6 +600,7 @@ def side_by_side(fraction: float, rounds: int, repeats: int, training_only: bool
     ids = list(range(len(fed.clients)))
     variants: dict[str, Callable[[], list[float]]] = {
         "plain": lambda: [plain.round(r, ids) for r in range(1, rounds + 1)],
+        "plain w2": lambda: plain_parallel(fraction, rounds),
         "train w1": lambda: train_only(fed, 1, rounds),
         "train w2": lambda: train_only(fed, 2, rounds),
         "train vectorized w1": lambda: train_only(fed, 1, rounds, "vectorized"),
@@ -622,7 +662,7 @@ def print_side_by_side(side: dict[str, Any]) -> list[str]:
     )
     print(f"{'':36} {'rounds 2+':>21} {'all rounds':>21} {'peak PSS (MB)':>22}")
     print(f"{'':36} {'w1':>10} {'w2':>10} {'w1':>10} {'w2':>10} {'w1 -> w2':>22}")
-    rows = [("plain loop (training only)", "plain", None), ("fedpcd training only", "train", None)]
+    rows = [("plain loop(s), one per process", "plain", None), ("fedpcd training only", "train", None)]
     rows.append(("fedpcd training only, vectorized", "train vectorized", None))
     for executor, test, full_every in E2E_VARIANTS:
         name = e2e_name(executor, test, full_every)
@@ -632,7 +672,10 @@ def print_side_by_side(side: dict[str, Any]) -> list[str]:
             rows.append((label, name, test))
     for label, name, _ in rows:
         if name == "plain":
-            print(f"{label:36} {steady['plain']:>10.2f} {'':>10} {every['plain']:>10.2f}")
+            print(
+                f"{label:36} {steady['plain']:>10.2f} {steady['plain w2']:>10.2f} {every['plain']:>10.2f}"
+                f" {every['plain w2']:>10.2f}"
+            )
             continue
         a, b = f"{name} w1", f"{name} w2"
         mem = f"{peak[a]:.0f} -> {peak[b]:.0f} ({peak[b] / peak[a]:.2f}x)" if a in peak else ""

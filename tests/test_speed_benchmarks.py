@@ -87,3 +87,10 @@ def test_side_by_side_amdahl_model_is_fitted_to_the_two_process_speedup():
     assert none["serial"] == 1.0 and none[4] == none[16] == 1.0
     quarter = amdahl(0.5, 0.8)  # a speed-up of 1.6 = 1 / (s + (1 - s) / 2) for s = 0.25
     assert abs(quarter["serial"] - 0.25) < 1e-12 and abs(quarter[4] - 1 / (0.25 + 0.75 / 4)) < 1e-12
+
+
+def test_plain_parallel_runs_the_plain_loop_in_processes_begun_together(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the spawned processes import speed.py by its name
+    speed = importlib.import_module("speed")
+    per_round = speed.plain_parallel(0.05, 2)  # two processes, 5% of Fashion-MNIST, 2 rounds
+    assert len(per_round) == 2 and all(t > 0 for t in per_round)
