@@ -1,6 +1,6 @@
 """The command line answers help, input errors (a config's file, keys, values and component names; a folder
-given to ``run --resume`` that holds no run; the demo's ``--out`` and overrides), `init` and the listings
-without importing torch.
+given to ``run --resume`` that holds no run; the demo's ``--out`` and overrides; a dataset's missing files),
+`init` and the listings without importing torch.
 
 Each command runs in one fresh interpreter (this test process has torch loaded already), which reports after
 each command its exit code and whether torch is in ``sys.modules``."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -39,8 +40,9 @@ print("RESULTS " + json.dumps(results))
 
 
 def _run(commands: list[list[str]], cwd) -> list[list]:
+    env = {k: v for k, v in os.environ.items() if k != "FEDPCD_DATA"} | {"XDG_CACHE_HOME": str(cwd / "cache")}
     done = subprocess.run(
-        [sys.executable, "-c", RUNNER, json.dumps(commands)], cwd=cwd, capture_output=True, text=True
+        [sys.executable, "-c", RUNNER, json.dumps(commands)], cwd=cwd, capture_output=True, text=True, env=env
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -104,6 +106,10 @@ def test_help_bad_configs_init_and_the_listings_do_not_import_torch(tmp_path):
     (tmp_path / "grid.yaml").write_text("sweep:\n  seed: [0, 1]\nrounds: 1\n")
     for options in (["--launcher", "kube"], ["--address", "localhost:6379"], ["--slurm", "time=5"]):
         expected.append((["sweep", "--config", "grid.yaml", *options], 2))  # the launcher's options
+    # a dataset whose files are missing and cannot be downloaded: the loader's line
+    for missing in ("dataset.name=femnist", "dataset.name=cifar10 dataset.download=false"):
+        for command in (["run"], ["partition"]):
+            expected.append(([*command, *missing.split(), "dataset.root=folder"], 2))
     results = _run([argv for argv, _ in expected], tmp_path)
     assert [(argv, code) for argv, code, _ in results] == [(argv, code) for argv, code in expected]
     assert [argv for argv, _, torch in results if torch] == []

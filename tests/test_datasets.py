@@ -26,6 +26,7 @@ from fedpcd.cli import main
 from fedpcd.data import datasets as dsmod
 from fedpcd.data import files, svhn
 from fedpcd.data.datasets import DATASETS, load_dataset
+from fedpcd.data.sources import SOURCES, Source, check_files
 from fedpcd.data.tensors import Dataset, stratified_subset
 from fedpcd.errors import UserError
 from fedpcd.utils import current_umask
@@ -298,7 +299,7 @@ def test_download_with_a_wrong_checksum_is_one_line_and_leaves_nothing(tmp_path,
         files.download_file([url + "f.bin"], folder / "f.bin", md5=wrong)
 
     with pytest.raises(UserError) as info:
-        files.find_or_download("demo", tmp_path / "root", True, (), (), lambda p: None, fetch, "f.bin")
+        files.find_or_download(Source("demo", lambda p: None, "f.bin"), tmp_path / "root", True, fetch)
     msg = str(info.value)
     assert f"download failed ({url}f.bin: not the official file (its MD5 is not {wrong}))" in msg
     assert msg.startswith("demo files not found in ") and "put f.bin under" in msg and "\n" not in msg
@@ -531,3 +532,27 @@ def test_kept_datasets_are_read_once_per_process_and_equal_a_fresh_load(monkeypa
     assert main(["sweep", "--config", str(tmp_path / "sweep.yaml"), "--jobs", "1"]) == 0
     capsys.readouterr()
     assert len(calls) == 5 and datasets._kept is None
+
+
+def test_missing_files_are_told_before_loading_in_the_loaders_line(tmp_path, monkeypatch):
+    """``check_files`` (no torch; ``fedpcd run`` and ``partition`` call it first) says what the loader says
+    when a built-in dataset's files are missing and cannot be downloaded, and nothing when they can be."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("FEDPCD_DATA", raising=False)
+    told = 0
+    for name, source in SOURCES.items():
+        if any(Path(folder).is_dir() for folder in source.system):  # e.g. Debian's Fashion-MNIST
+            continue
+        with pytest.raises(UserError) as checked:
+            check_files(name, tmp_path, download=False)
+        with pytest.raises(UserError) as loaded:
+            load_dataset(name, tmp_path, download=False)
+        assert str(checked.value) == str(loaded.value)
+        told += 1
+    assert told >= len(SOURCES) - 2
+    check_files("cifar10", tmp_path, download=True)  # the loader downloads it
+    check_files("digits", tmp_path, download=False)  # no files to find
+    with pytest.raises(
+        UserError, match="^femnist files not found in .*get them from https://github.com/Talw"
+    ):
+        check_files("femnist", tmp_path, download=True)  # cannot be downloaded

@@ -17,8 +17,9 @@ from fedpcd import run
 from fedpcd.data import files
 from fedpcd.data.cifar import CIFAR100_COARSE, FC100_SUPERCLASSES
 from fedpcd.data.datasets import load_dataset
-from fedpcd.data.jpeg_sets import ISIC_SIDE, ISIC_URL, TINY_MD5, TINY_URL
+from fedpcd.data.jpeg_sets import ISIC_SIDE, TINY_MD5
 from fedpcd.data.partition import make_partition
+from fedpcd.data.sources import ISIC_URL, TINY_URL
 from fedpcd.errors import UserError
 
 

@@ -13,8 +13,9 @@ import torch
 from dataset_files_more import make_femnist, make_shakespeare
 from fedpcd import run
 from fedpcd.data.datasets import load_dataset
-from fedpcd.data.leaf import LEAF_URL, SHAKESPEARE_LETTERS
+from fedpcd.data.leaf import SHAKESPEARE_LETTERS
 from fedpcd.data.partition import make_partition
+from fedpcd.data.sources import LEAF_URL
 from fedpcd.errors import UserError
 
 

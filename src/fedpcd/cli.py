@@ -52,6 +52,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def _start(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """``fedpcd run --config FILE KEY=VALUE...``: the summary and the run's folder."""
+    from fedpcd.data.sources import check_files
     from fedpcd.resolve import load_config
 
     if not args.config and not args.overrides:
@@ -59,6 +60,7 @@ def _start(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.allow_config_change:
         raise UserError("--allow-config-change goes with --resume RUN_DIR")
     config = load_config(args.config, args.overrides)
+    check_files(config.dataset.name, config.dataset.root, config.dataset.download)
     from fedpcd.backends import run_experiment
 
     args.resume_hint = f"fedpcd run --resume {config.output_dir}"
@@ -91,10 +93,12 @@ def _resume(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def cmd_partition(args: argparse.Namespace) -> None:
+    from fedpcd.data.sources import check_files
     from fedpcd.resolve import load_config
     from fedpcd.utils import atomic_write_text, check_writable
 
     cfg = load_config(args.config, args.overrides)
+    check_files(cfg.dataset.name, cfg.dataset.root, cfg.dataset.download)
     from fedpcd.data.datasets import load_configured
     from fedpcd.data.partition import make_partition
     from fedpcd.data.stats import partition_json, partition_table, plot_partition

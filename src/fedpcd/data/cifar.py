@@ -30,9 +30,6 @@ CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
 CIFAR100_MD5 = "eb9058c3a382ffc7106e4002c42a8d85"
-CIFAR10_DIR = "cifar-10-batches-py"
-CIFAR100_DIR = "cifar-100-python"
-CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 # (images, MD5) of the official batch files
 CIFAR_OFFICIAL = {
     "cifar10": {

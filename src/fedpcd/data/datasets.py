@@ -2,7 +2,8 @@
 
 Every dataset is loaded once into a ``fedpcd.data.tensors.Dataset`` (uint8 image tensors ``[N, C, H, W]``
 and int64 label tensors). The file formats have their own modules (``idx``, ``cifar``, ``svhn``, ``leaf``,
-``jpeg_sets``); where files are looked up and how they are downloaded is ``fedpcd.data.files``.
+``jpeg_sets``); where files are looked up is ``fedpcd.data.sources``, how they are downloaded
+``fedpcd.data.files``.
 """
 
 from __future__ import annotations
@@ -17,48 +18,29 @@ import numpy as np
 import torch
 
 from fedpcd.catalog import HF_CHOICE, HF_PREFIX  # dataset names hf:<hub name>: fedpcd.data.hf
-from fedpcd.data.cifar import (
-    CIFAR10_DIR,
-    CIFAR10_MD5,
-    CIFAR10_TRAIN,
-    CIFAR10_URL,
-    CIFAR100_DIR,
-    CIFAR100_MD5,
-    CIFAR100_URL,
-    fc100_classes,
-    read_cifar,
-)
-from fedpcd.data.files import (
-    download_and_extract,
-    files_probe,
-    find_or_download,
-)
-from fedpcd.data.idx import FMNIST_URLS, MNIST_URLS, has_idx, idx_fetch, load_idx_tensors
-from fedpcd.data.jpeg_sets import (
-    ISIC_CLASSES,
-    ISIC_IMAGES,
-    ISIC_SPLIT,
-    ISIC_URL,
-    TINY_DIR,
-    TINY_MD5,
-    TINY_URL,
-    has_isic,
-    has_tiny,
-    read_isic,
-    read_tiny,
-)
+from fedpcd.data.cifar import CIFAR10_MD5, CIFAR10_URL, CIFAR100_MD5, CIFAR100_URL, fc100_classes, read_cifar
+from fedpcd.data.files import download_and_extract, find_or_download
+from fedpcd.data.idx import FMNIST_URLS, MNIST_URLS, idx_fetch, load_idx_tensors
+from fedpcd.data.jpeg_sets import ISIC_CLASSES, TINY_MD5, read_isic, read_tiny
 from fedpcd.data.leaf import (
     FEMNIST_CLASSES,
-    LEAF_URL,
     SHAKESPEARE_LETTERS,
     class_ids,
     femnist_x,
-    has_leaf,
     read_leaf,
     shakespeare_x,
     shakespeare_y,
 )
-from fedpcd.data.svhn import SVHN_FILES, SVHN_URL, read_svhn, svhn_fetch
+from fedpcd.data.sources import (
+    CIFAR10_DIR,
+    CIFAR10_TRAIN,
+    CIFAR100_DIR,
+    SOURCES,
+    SVHN_FILES,
+    TINY_DIR,
+    TINY_URL,
+)
+from fedpcd.data.svhn import SVHN_URL, read_svhn, svhn_fetch
 from fedpcd.data.tensors import Dataset, Loader, channel_stats, stratified_subset
 from fedpcd.errors import UserError
 from fedpcd.registry import Registry
@@ -170,16 +152,7 @@ def load_dataset(
 def load_fmnist(root: Path | None, download: bool) -> Dataset:
     """Fashion-MNIST (Xiao et al., arXiv:1708.07747, 2017): 60000/10000 1x28x28 grayscale images,
     10 classes."""
-    folder = find_or_download(
-        "fmnist",
-        root,
-        download,
-        subdirs=("fashion-mnist", "fashion_mnist", "FashionMNIST", "FashionMNIST/raw", "fashion"),
-        system=("/usr/share/datasets/fashion-mnist",),
-        probe=has_idx,
-        fetch=idx_fetch(FMNIST_URLS),
-        what="train-images-idx3-ubyte.gz and the other three IDX files",
-    )
+    folder = find_or_download(SOURCES["fmnist"], root, download, idx_fetch(FMNIST_URLS))
     tensors = load_idx_tensors("fmnist", folder)
     return Dataset(name="fmnist", num_classes=10, mean=(0.2860,), std=(0.3530,), **tensors)
 
@@ -187,16 +160,7 @@ def load_fmnist(root: Path | None, download: bool) -> Dataset:
 @DATASETS.register("mnist")
 def load_mnist(root: Path | None, download: bool) -> Dataset:
     """MNIST (LeCun et al., Proc. IEEE 1998): 60000/10000 1x28x28 grayscale digits, 10 classes."""
-    folder = find_or_download(
-        "mnist",
-        root,
-        download,
-        subdirs=("MNIST", "MNIST/raw"),
-        system=("/usr/share/datasets/mnist",),
-        probe=has_idx,
-        fetch=idx_fetch(MNIST_URLS),
-        what="train-images-idx3-ubyte.gz and the other three IDX files",
-    )
+    folder = find_or_download(SOURCES["mnist"], root, download, idx_fetch(MNIST_URLS))
     tensors = load_idx_tensors("mnist", folder)
     return Dataset(name="mnist", num_classes=10, mean=(0.1307,), std=(0.3081,), **tensors)
 
@@ -205,16 +169,11 @@ def load_mnist(root: Path | None, download: bool) -> Dataset:
 def load_cifar10(root: Path | None, download: bool) -> Dataset:
     """CIFAR-10 (Krizhevsky, tech. report 2009): 50000/10000 3x32x32 colour images, 10 classes (augmented
     at train time)."""
-    files = (*CIFAR10_TRAIN, "test_batch")
     folder = find_or_download(
-        "cifar10",
+        SOURCES["cifar10"],
         root,
         download,
-        subdirs=("cifar-10", "CIFAR10"),
-        system=(),
-        probe=files_probe(CIFAR10_DIR, files),
-        fetch=lambda dest: download_and_extract(CIFAR10_URL, dest, CIFAR10_DIR, CIFAR10_MD5),
-        what=f"{CIFAR10_DIR}/",
+        lambda dest: download_and_extract(CIFAR10_URL, dest, CIFAR10_DIR, CIFAR10_MD5),
     )
     tensors = read_cifar("cifar10", folder, CIFAR10_TRAIN, "test_batch", b"labels", 10)
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -226,14 +185,10 @@ def load_cifar100(root: Path | None, download: bool) -> Dataset:
     """CIFAR-100 (Krizhevsky, tech. report 2009): 50000/10000 3x32x32 colour images, 100 fine classes
     (augmented at train time)."""
     folder = find_or_download(
-        "cifar100",
+        SOURCES["cifar100"],
         root,
         download,
-        subdirs=("cifar-100", "CIFAR100"),
-        system=(),
-        probe=files_probe(CIFAR100_DIR, ("train", "test")),
-        fetch=lambda dest: download_and_extract(CIFAR100_URL, dest, CIFAR100_DIR, CIFAR100_MD5),
-        what=f"{CIFAR100_DIR}/",
+        lambda dest: download_and_extract(CIFAR100_URL, dest, CIFAR100_DIR, CIFAR100_MD5),
     )
     tensors = read_cifar("cifar100", folder, ("train",), "test", b"fine_labels", 100)
     mean, std = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
@@ -244,16 +199,7 @@ def load_cifar100(root: Path | None, download: bool) -> Dataset:
 def load_svhn(root: Path | None, download: bool) -> Dataset:
     """SVHN, cropped digits (Netzer et al., NIPS Workshop 2011): 73257/26032 3x32x32 colour images,
     10 classes, label 10 mapped to 0."""
-    folder = find_or_download(
-        "svhn",
-        root,
-        download,
-        subdirs=("SVHN",),
-        system=(),
-        probe=lambda p: p if all((p / f).is_file() for f in SVHN_FILES) else None,
-        fetch=lambda dest: svhn_fetch(SVHN_URL, dest),
-        what=" and ".join(SVHN_FILES),
-    )
+    folder = find_or_download(SOURCES["svhn"], root, download, lambda dest: svhn_fetch(SVHN_URL, dest))
     train_x, train_y = read_svhn(folder / SVHN_FILES[0])
     test_x, test_y = read_svhn(folder / SVHN_FILES[1])
     return Dataset(
@@ -289,15 +235,10 @@ def load_tinyimagenet(root: Path | None, download: bool) -> Dataset:
     """Tiny-ImageNet (Stanford CS231n): 100000/10000 3x64x64 colour JPEGs, 200 classes, the labelled val
     split as test (augmented at train time)."""
     folder = find_or_download(
-        "tinyimagenet",
+        SOURCES["tinyimagenet"],
         root,
         download,
-        subdirs=("tiny-imagenet", "TinyImageNet"),
-        system=(),
-        probe=has_tiny,
-        fetch=lambda dest: download_and_extract(TINY_URL, dest, TINY_DIR, TINY_MD5),
-        what=f"{TINY_DIR}/ (wnids.txt, train/, val/)",
-        source=TINY_URL,
+        lambda dest: download_and_extract(TINY_URL, dest, TINY_DIR, TINY_MD5),
     )
     tensors, classes = read_tiny(folder)
     mean, std = channel_stats(tensors["train_x"])
@@ -308,17 +249,7 @@ def load_tinyimagenet(root: Path | None, download: bool) -> Dataset:
 def load_femnist(root: Path | None, download: bool) -> Dataset:
     """FEMNIST, LEAF JSON (Caldas et al., 2018): 1x28x28 handwritten characters, 62 classes, one writer per
     natural client (LEAF's full set: 3,550 writers, 805,263 images)."""
-    folder = find_or_download(
-        "femnist",
-        root,
-        download,
-        subdirs=("femnist/data", "leaf/data/femnist/data", "FEMNIST"),
-        system=(),
-        probe=has_leaf,
-        fetch=None,
-        what="LEAF's train/ and test/ folders of *.json files",
-        source=LEAF_URL,
-    )
+    folder = find_or_download(SOURCES["femnist"], root, download)
     tensors = read_leaf(folder, femnist_x, class_ids(FEMNIST_CLASSES, "FEMNIST"))
     mean, std = channel_stats(tensors["train_x"])
     return Dataset(name="femnist", num_classes=FEMNIST_CLASSES, mean=mean, std=std, **tensors)
@@ -328,17 +259,7 @@ def load_femnist(root: Path | None, download: bool) -> Dataset:
 def load_shakespeare(root: Path | None, download: bool) -> Dataset:
     """Shakespeare, LEAF JSON (Caldas et al., 2018): next character of 80-character lines, 80 symbols, one
     speaking role per natural client (LEAF's full set: 1,129 roles, 4,226,158 lines)."""
-    folder = find_or_download(
-        "shakespeare",
-        root,
-        download,
-        subdirs=("shakespeare/data", "leaf/data/shakespeare/data"),
-        system=(),
-        probe=has_leaf,
-        fetch=None,
-        what="LEAF's train/ and test/ folders of *.json files",
-        source=LEAF_URL,
-    )
+    folder = find_or_download(SOURCES["shakespeare"], root, download)
     tensors = read_leaf(folder, shakespeare_x, shakespeare_y)
     k = len(SHAKESPEARE_LETTERS)
     return Dataset(name="shakespeare", num_classes=k, mean=(), std=(), vocab_size=k, **tensors)
@@ -352,17 +273,7 @@ def load_isic2019(root: Path | None, download: bool) -> Dataset:
     The classes are far from balanced, and FLamby's metric for this dataset (``fed_isic2019/metric.py``) is
     balanced accuracy, the mean per-class recall (scikit-learn's ``balanced_accuracy_score``): compare runs
     on ``global_balanced_acc``, which is that, rather than on GA (``global_acc``)."""
-    folder = find_or_download(
-        "isic2019",
-        root,
-        download,
-        subdirs=("fed_isic2019", "ISIC2019"),
-        system=(),
-        probe=has_isic,
-        fetch=None,
-        what=f"{ISIC_IMAGES}/ and FLamby's {ISIC_SPLIT} file",
-        source=ISIC_URL,
-    )
+    folder = find_or_download(SOURCES["isic2019"], root, download)
     tensors = read_isic(folder)
     mean, std = channel_stats(tensors["train_x"])
     return Dataset(name="isic2019", num_classes=ISIC_CLASSES, mean=mean, std=std, augment=True, **tensors)

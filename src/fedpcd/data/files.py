@@ -1,9 +1,9 @@
-"""Where dataset files are found, how they are downloaded, and the checksums of the official ones.
+"""How dataset files are downloaded when they are not found, and the checksums of the official ones.
 
-Files are looked up in the configured root, then ``$FEDPCD_DATA``, then system locations, then the download
-cache; when nothing is found they are downloaded from the official source (if allowed), otherwise a UserError
-says where to put them. Downloads (pooch) land by rename, so an interrupted one never leaves a partial file,
-and a download given its official MD5 lands only if it has it.
+Where files are looked for is ``fedpcd.data.sources``; when nothing is found they are downloaded from the
+official source (if allowed), otherwise a UserError says where to put them. Downloads (pooch) land by
+rename, so an interrupted one never leaves a partial file, and a download given its official MD5 lands only
+if it has it.
 
 A file whose shape (or sample count) is that of an official file must also have its content (MD5, checked by
 the format's reader: ``idx``, ``cifar``, ``svhn``); files of other shapes (subsets, test fixtures, other data
@@ -22,86 +22,28 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
+from fedpcd.data.sources import Source, download_base, locate, missing_line
 from fedpcd.errors import UserError
 from fedpcd.utils import current_umask, quiet
 
 DOWNLOAD_TIMEOUT_S = 10.0
-ENV_VAR = "FEDPCD_DATA"
 SKIP_CHECKSUMS_VAR = "FEDPCD_SKIP_CHECKSUMS"  # set to 1 to use a modified copy of an official file
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "fedpcd"
-
-
-def _search_bases(root: Path | None) -> list[Path]:
-    """Top-level folders to search, in order: root, $FEDPCD_DATA, then the download cache."""
-    bases = []
-    if root is not None:
-        bases.append(root)
-    env = os.environ.get(ENV_VAR)
-    if env:
-        bases.append(Path(env).expanduser())
-    bases.append(_cache_dir())
-    return bases
-
-
-def _download_base(root: Path | None) -> Path:
-    env = os.environ.get(ENV_VAR)
-    if root is not None:
-        return root
-    return Path(env).expanduser() if env else _cache_dir()
-
-
-def _candidates(name: str, subdirs: Sequence[str], root: Path | None, system: Sequence[str]) -> list[Path]:
-    """Folders to try: each base, base/<name>, base/<usual sub-folders>; system folders after $FEDPCD_DATA."""
-    bases = _search_bases(root)
-    out: list[Path] = []
-    for i, base in enumerate(bases):
-        if i == len(bases) - 1:  # the cache comes after the system locations
-            out.extend(Path(s) for s in system)
-        for sub in ("", name, *subdirs):
-            p = base / sub if sub else base
-            if p not in out:
-                out.append(p)
-    return out
-
-
 def find_or_download(
-    name: str,
-    root: Path | None,
-    download: bool,
-    subdirs: Sequence[str],
-    system: Sequence[str],
-    probe: Callable[[Path], Path | None],
-    fetch: Callable[[Path], None] | None,
-    what: str,
-    source: str = "",
+    source: Source, root: Path | None, download: bool, fetch: Callable[[Path], None] | None = None
 ) -> Path:
-    """The data folder ``probe`` finds in the first candidate that has one; else download, or fail clearly.
+    """The folder holding ``source``'s files (``fedpcd.data.sources.locate``); else download them with
+    ``fetch(dest)`` into ``<root | $FEDPCD_DATA | ~/.cache/fedpcd>/<name>``, or fail in one line.
 
-    ``probe(candidate)`` returns the folder holding the files (the candidate or a fixed sub-folder of it)
-    or None. Downloads go to ``<root | $FEDPCD_DATA | ~/.cache/fedpcd>/<name>``. ``fetch=None``: nothing
-    can be downloaded (the files need the publisher's licence or preprocessing); ``source`` (a URL) is
-    where to get them, named in the one-line error.
+    ``fetch`` is needed where ``source.downloadable`` and ``download`` are both true and no files are found.
     """
-    looked = _candidates(name, subdirs, root, system)
-    for folder in looked:
-        found = probe(folder)
-        if found is not None:
-            return found
-    places = ", ".join(str(p) for p in looked)
-    get = f" (get them from {source})" if source else ""
-    if fetch is None:
-        raise UserError(
-            f"{name} files not found in {places}; put {what} under one of those folders or set {ENV_VAR}{get}"
-        )
-    if not download:
-        raise UserError(
-            f"{name} files not found in {places}; download disabled; put {what} under one of those folders "
-            f"or set {ENV_VAR}{get}"
-        )
-    dest = _download_base(root) / name
+    found, looked = locate(source, root)
+    if found is not None:
+        return found
+    if not source.downloadable or not download or fetch is None:
+        raise UserError(missing_line(source, looked, "download disabled" if source.downloadable else ""))
+    dest = download_base(root) / source.name
     new_dirs = [d for d in (dest, *dest.parents) if not d.exists()]  # innermost first
     try:
         dest.mkdir(parents=True, exist_ok=True)
@@ -113,13 +55,10 @@ def find_or_download(
         if isinstance(exc, UserError):
             raise
         reason = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-        raise UserError(
-            f"{name} files not found in {places}; download failed ({reason}); put {what} under one of those "
-            f"folders or set {ENV_VAR}{get}"
-        ) from None
-    found = probe(dest)
+        raise UserError(missing_line(source, looked, f"download failed ({reason})")) from None
+    found = source.probe(dest)
     if found is None:
-        raise UserError(f"{name}: downloaded into {dest} but the expected files are not there")
+        raise UserError(f"{source.name}: downloaded into {dest} but the expected files are not there")
     return found
 
 
@@ -242,15 +181,3 @@ def verify_md5(path: Path, data: bytes | bytearray | Path, expected: str) -> Non
             f"{expected}); delete it so that it is downloaded again, or set {SKIP_CHECKSUMS_VAR}=1 to use a "
             "modified copy"
         )
-
-
-def files_probe(folder_name: str, files: Sequence[str]) -> Callable[[Path], Path | None]:
-    """Looks for ``files`` in ``<candidate>/<folder_name>/``, then in the candidate itself."""
-
-    def probe(base: Path) -> Path | None:
-        for folder in (base / folder_name, base):
-            if all((folder / f).is_file() for f in files):
-                return folder
-        return None
-
-    return probe

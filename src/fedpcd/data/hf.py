@@ -40,7 +40,8 @@ import numpy as np
 import torch
 
 from fedpcd.catalog import HF_INSTALL, HF_PREFIX, check_hf_name
-from fedpcd.data.files import _cache_dir, find_or_download
+from fedpcd.data.files import find_or_download
+from fedpcd.data.sources import Source, cache_dir
 from fedpcd.data.tensors import Dataset, Loader, channel_stats
 from fedpcd.errors import UserError, clip
 from fedpcd.utils import atomic_write, show_path
@@ -180,18 +181,16 @@ def _open(hub: str, root: Path | None, download: bool) -> Any:
     """The DatasetDict of ``hub``: a saved folder, else the Hugging Face cache (the hub with ``download``)."""
     datasets = require("datasets", f"dataset {HF_PREFIX + hub!r}")
     owner_name = hub.replace("/", "___")
+    source = Source(
+        hub,
+        has_saved_dataset,
+        "the folder that datasets' save_to_disk writes (of a DatasetDict or of one split)",
+        subdirs=(owner_name, hub.rsplit("/", 1)[-1]),
+        downloadable=False,
+        url=f"https://huggingface.co/datasets/{hub}",
+    )
     try:
-        folder = find_or_download(
-            hub,
-            root,
-            False,
-            subdirs=(owner_name, hub.rsplit("/", 1)[-1]),
-            system=(),
-            probe=has_saved_dataset,
-            fetch=None,
-            what="the folder that datasets' save_to_disk writes (of a DatasetDict or of one split)",
-            source=f"https://huggingface.co/datasets/{hub}",
-        )
+        folder = find_or_download(source, root, False)
     except UserError as missing:
         cache = show_path(datasets.config.HF_DATASETS_CACHE)
         try:
@@ -284,7 +283,7 @@ def _cache_file(name: str, split: str, part: Any, column: str, mode: str | None)
     key = hashlib.sha256(f"{CACHE_FORMAT}\0{fingerprint}\0{column}\0{mode}".encode()).hexdigest()[:16]
     slug = name.removeprefix(HF_PREFIX).replace("/", "___")
     safe_split = re.sub(r"[^\w.-]", "_", split)
-    return _cache_dir() / "hf" / slug / f"{safe_split}-{key}.pt"
+    return cache_dir() / "hf" / slug / f"{safe_split}-{key}.pt"
 
 
 def _images(

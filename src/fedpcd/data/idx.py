@@ -1,4 +1,4 @@
-"""IDX files (MNIST, Fashion-MNIST): lookup, download, parsing and the official files' checksums.
+"""IDX files (MNIST, Fashion-MNIST): download, parsing and the official files' checksums.
 
 The MD5 of an IDX file is that of its uncompressed content, so a re-compressed .gz (Debian's
 dataset-fashion-mnist) matches too; the Fashion-MNIST values were checked against
@@ -16,14 +16,8 @@ import numpy as np
 import torch
 
 from fedpcd.data.files import download_file, verify_md5
+from fedpcd.data.sources import IDX_FILES, idx_path
 from fedpcd.errors import UserError
-
-_IDX_FILES = {
-    "train_x": "train-images-idx3-ubyte",
-    "train_y": "train-labels-idx1-ubyte",
-    "test_x": "t10k-images-idx3-ubyte",
-    "test_y": "t10k-labels-idx1-ubyte",
-}
 
 FMNIST_URLS = (
     "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
@@ -56,18 +50,6 @@ MNIST_URLS = (
     "https://storage.googleapis.com/cvdf-datasets/mnist/",
     "http://yann.lecun.com/exdb/mnist/",
 )
-
-
-def _idx_path(folder: Path, stem: str) -> Path | None:
-    for candidate in (folder / stem, folder / f"{stem}.gz"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def has_idx(folder: Path) -> Path | None:
-    """``folder`` if it holds the four IDX files (raw or .gz), else None (a ``find_or_download`` probe)."""
-    return folder if all(_idx_path(folder, stem) is not None for stem in _IDX_FILES.values()) else None
 
 
 def _read_bytes(path: Path) -> bytearray:
@@ -116,8 +98,8 @@ def load_idx_tensors(name: str, folder: Path) -> dict[str, torch.Tensor]:
     """``train_x``, ``train_y``, ``test_x``, ``test_y`` of the four IDX files in ``folder`` (uint8 images
     ``[N, 1, H, H]``, int64 labels 0..9); ``name`` picks the official checksums (IDX_MD5)."""
     arrays = {}
-    for key, stem in _IDX_FILES.items():
-        path = _idx_path(folder, stem)
+    for key, stem in IDX_FILES.items():
+        path = idx_path(folder, stem)
         assert path is not None
         known = IDX_MD5.get(name, {}).get(key)
         official = (_IDX_DIMS[key], known) if known else None
@@ -146,8 +128,8 @@ def idx_fetch(urls: Sequence[str]) -> Callable[[Path], None]:
     """
 
     def fetch(dest: Path) -> None:
-        for stem in _IDX_FILES.values():
-            if _idx_path(dest, stem) is None:
+        for stem in IDX_FILES.values():
+            if idx_path(dest, stem) is None:
                 download_file([u + stem + ".gz" for u in urls], dest / f"{stem}.gz")
 
     return fetch

@@ -22,16 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedpcd.data.sources import ISIC_IMAGES, isic_split_file
 from fedpcd.errors import UserError, clip
 from fedpcd.utils import read_user_text, show_path
 
-TINY_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 TINY_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"  # of the zip, as torchvision-style loaders check it
-TINY_DIR = "tiny-imagenet-200"
 
-ISIC_URL = "https://github.com/owkin/FLamby/tree/main/flamby/datasets/fed_isic2019"
-ISIC_IMAGES = "ISIC_2019_Training_Input_preprocessed"
-ISIC_SPLIT = "train_test_split"
 ISIC_CLASSES = 8
 ISIC_CENTERS = 6
 ISIC_SIDE = 200
@@ -84,19 +80,6 @@ def stack_images(paths: Sequence[Path], side: int | None = None) -> np.ndarray:
 # ----- Tiny-ImageNet
 
 
-def has_tiny(folder: Path) -> Path | None:
-    """The ``tiny-imagenet-200`` folder under ``folder`` (or ``folder`` itself) if it has wnids.txt, train/
-    and val/val_annotations.txt (a ``find_or_download`` probe)."""
-    for base in (folder / TINY_DIR, folder):
-        if (
-            (base / "wnids.txt").is_file()
-            and (base / "train").is_dir()
-            and (base / "val" / "val_annotations.txt").is_file()
-        ):
-            return base
-    return None
-
-
 def read_tiny(folder: Path) -> tuple[dict[str, torch.Tensor], int]:
     """``train_x``, ``train_y``, ``test_x``, ``test_y`` of a Tiny-ImageNet folder (the val split as test),
     and the number of classes (the wnids listed)."""
@@ -144,22 +127,10 @@ def read_tiny(folder: Path) -> tuple[dict[str, torch.Tensor], int]:
 # ----- Fed-ISIC2019 (FLamby)
 
 
-def _split_file(folder: Path) -> Path | None:
-    for name in (ISIC_SPLIT, f"{ISIC_SPLIT}.csv"):
-        if (folder / name).is_file():
-            return folder / name
-    return None
-
-
-def has_isic(folder: Path) -> Path | None:
-    """``folder`` if it holds FLamby's preprocessed image folder and its train_test_split CSV (a probe)."""
-    return folder if (folder / ISIC_IMAGES).is_dir() and _split_file(folder) is not None else None
-
-
 def read_isic(folder: Path) -> dict[str, torch.Tensor]:
     """``train_x``, ``train_y``, ``test_x``, ``test_y`` and the centre of every sample (``*_groups``) of a
     FLamby Fed-ISIC2019 folder; images centre-cropped to ``ISIC_SIDE``."""
-    split = _split_file(folder)
+    split = isic_split_file(folder)
     assert split is not None
     rows = list(csv.DictReader(read_user_text(split, "Fed-ISIC2019 split file").splitlines()))
     needed = {"image", "target", "center", "fold"}

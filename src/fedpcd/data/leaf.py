@@ -20,21 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedpcd.data.sources import LEAF_SPLITS
 from fedpcd.errors import UserError, clip
 from fedpcd.utils import read_user_text, show_path
 
-LEAF_URL = "https://github.com/TalwalkarLab/leaf"
-SPLITS = ("train", "test")
 # LEAF's Shakespeare vocabulary (models/utils/language_utils.py ALL_LETTERS): 80 symbols, id = position
 SHAKESPEARE_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 FEMNIST_CLASSES = 62  # 10 digits, 26 upper-case and 26 lower-case letters
 FEMNIST_SIDE = 28
-
-
-def has_leaf(folder: Path) -> Path | None:
-    """``folder`` if it has ``train/`` and ``test/`` sub-folders holding ``*.json`` files (a probe)."""
-    ok = all((folder / s).is_dir() and any((folder / s).glob("*.json")) for s in SPLITS)
-    return folder if ok else None
 
 
 def read_leaf_split(folder: Path) -> dict[str, tuple[list[Any], list[Any]]]:
@@ -71,7 +64,7 @@ def read_leaf(
     """``train_x``, ``train_y``, ``test_x``, ``test_y``, ``train_groups``, ``test_groups`` of a LEAF folder;
     ``encode_x`` / ``encode_y`` turn one split's samples (in user order) into arrays, naming the folder in
     their errors."""
-    splits = {s: read_leaf_split(folder / s) for s in SPLITS}
+    splits = {s: read_leaf_split(folder / s) for s in LEAF_SPLITS}
     names = sorted(set(splits["train"]) | set(splits["test"]))
     group_of = {u: g for g, u in enumerate(names)}
     out: dict[str, torch.Tensor] = {}

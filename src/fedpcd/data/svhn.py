@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from fedpcd.data.files import download_file, verify_md5
+from fedpcd.data.sources import SVHN_FILES
 from fedpcd.errors import UserError
 
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
-SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
 SVHN_OFFICIAL = {  # (images, MD5) of the official files
     "train_32x32.mat": (73257, "e26dedcc434d2e4c54c9b2d4a06d8373"),
     "test_32x32.mat": (26032, "eb5a983be6a315427106f1b164d9cef3"),
