@@ -28,8 +28,9 @@ directive:
   claimed direction.
 - ``{{ c.says("word", "sense") }}``: a verdict or direction word, rendered only when the runs support it:
   sense "separates" / "noise" (the paired t-test does / does not separate), "above" / "below" (the sign of the
-  paired mean), "beyond" / "behind" (a separation in that direction), "every seed" (one sign on every seed);
-  a separation needs ``MIN_SEEDS`` seeds, and "too few seeds" is the sense of one on fewer.
+  paired mean), "beyond" / "behind" (a separation in that direction), "every seed" (one sign on every seed),
+  "mixed signs" (both signs among the seeds); a separation needs ``MIN_SEEDS`` seeds, and "too few seeds" is
+  the sense of one on fewer.
 - ``{% set t = table("RUNS [fedpcd report options] [--setting S]") %}`` then ``{{ t.cell(row, column) }}``:
   a cell of `fedpcd report`'s table.
 - ``{{ report_page("docs/leaderboard.md") }}``, ``{{ leaderboard_cells("docs/leaderboard.md") }}``: a
@@ -339,6 +340,8 @@ class Claim(Side):
         """``word`` when the runs support ``sense`` (see the module docstring), else a RenderError."""
         if sense == "every seed":
             holds = all(v > 0 for v in self.each) or all(v < 0 for v in self.each)
+        elif sense == "mixed signs":
+            holds = any(v > 0 for v in self.each) and any(v < 0 for v in self.each)
         elif sense in ("above", "below"):
             if self.ref is None:
                 raise RenderError(f"{self.label}: {word!r} needs a paired claim (ref=)")
@@ -359,7 +362,7 @@ class Claim(Side):
             raise RenderError(f"{self.label}: unknown sense {sense!r} for {word!r}")
         if not holds:
             raise RenderError(f"{self.label}: the runs do not support {word!r} ({sense}): {self}")
-        if sense != "above" and sense != "below" and sense != "every seed" and self.code is not None:
+        if sense not in ("above", "below", "every seed", "mixed signs") and self.code is not None:
             self.notes.append(self.code[1])
             return word + LEGACY_MARK
         return word
@@ -667,7 +670,7 @@ RESULT_LIKE = re.compile(r"±|(?<![\w.])[+-]\d+(?:\.\d+)?")
 # the verdict and direction vocabulary: words that say how a result compares
 VOCABULARY = re.compile(
     r"\b(?:separat\w*|beats?|outperform\w*|reproduced|reproduces|better than|worse than|every seed"
-    r"|within (?:the )?(?:seed )?(?:noise|spread)|level with|direction only"
+    r"|seeds disagree|within (?:the )?(?:seed )?(?:noise|spread)|level with|direction only"
     r"|(?:above|below|ahead of|behind) (?:FedAvg|Standalone|FedAvg-FT|LG-FedAvg|FedSSA|the reference))\b",
     re.I,
 )

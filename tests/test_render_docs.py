@@ -204,6 +204,19 @@ def test_a_paired_claim_computes_the_differences_in_points(archive):
         c.says("within seed noise", "noise")
     with pytest.raises(render_docs.RenderError, match="do not support"):
         c.says("below", "below")
+    assert c.says("on every seed", "every seed") == "on every seed"
+    with pytest.raises(render_docs.RenderError, match="do not support"):
+        c.says("the seeds disagree", "mixed signs")  # +9 to +12: one sign
+
+
+def test_seeds_of_both_signs_are_what_mixed_signs_says(tmp_path):
+    for seed, value in enumerate((0.62, 0.58, 0.61)):
+        _run(tmp_path, f"w/fedprox_seed{seed}", "fedprox", seed, [value])
+        _run(tmp_path, f"w/fedavg_seed{seed}", "fedavg", seed, [0.60])
+    c = render_docs.Archive(tmp_path).claim("w/fedprox_seed*", ref="w/fedavg_seed*", last=1)
+    assert c.says("the seeds disagree", "mixed signs") == "the seeds disagree"
+    with pytest.raises(render_docs.RenderError, match="do not support"):
+        c.says("on every seed", "every seed")
 
 
 def test_runs_of_another_commit_get_no_verdict_and_marked_words(tmp_path):
