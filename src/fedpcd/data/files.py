@@ -22,7 +22,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
-from fedpcd.data.sources import Source, download_base, locate, missing_line
+from fedpcd.data.sources import Source, candidates, download_base, find_local, missing_line
 from fedpcd.errors import UserError
 from fedpcd.utils import current_umask, quiet
 
@@ -38,11 +38,10 @@ def find_or_download(
 
     ``fetch`` is needed where ``source.downloadable`` and ``download`` are both true and no files are found.
     """
-    found, looked = locate(source, root)
+    found = find_local(source, root, download and fetch is not None)
     if found is not None:
         return found
-    if not source.downloadable or not download or fetch is None:
-        raise UserError(missing_line(source, looked, "download disabled" if source.downloadable else ""))
+    assert fetch is not None
     dest = download_base(root) / source.name
     new_dirs = [d for d in (dest, *dest.parents) if not d.exists()]  # innermost first
     try:
@@ -55,7 +54,9 @@ def find_or_download(
         if isinstance(exc, UserError):
             raise
         reason = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-        raise UserError(missing_line(source, looked, f"download failed ({reason})")) from None
+        raise UserError(
+            missing_line(source, candidates(source, root), f"download failed ({reason})")
+        ) from None
     found = source.probe(dest)
     if found is None:
         raise UserError(f"{source.name}: downloaded into {dest} but the expected files are not there")

@@ -82,15 +82,21 @@ def missing_line(source: Source, looked: Sequence[Path], why: str = "") -> str:
     )
 
 
+def find_local(source: Source, root: Path | None, download: bool) -> Path | None:
+    """The folder holding ``source``'s files; None when there is none but they may be downloaded; else
+    UserError (not downloadable, or ``download`` off)."""
+    found, looked = locate(source, root)
+    if found is None and not (download and source.downloadable):
+        raise UserError(missing_line(source, looked, "download disabled" if source.downloadable else ""))
+    return found
+
+
 def check_files(name: str, root: str | Path | None, download: bool) -> None:
     """UserError with the loader's line if the built-in dataset ``name`` has files, none are found and
     they cannot be downloaded (not downloadable, or ``download`` off); nothing for other names."""
     source = SOURCES.get(name)
-    if source is None or (download and source.downloadable):
-        return
-    found, looked = locate(source, Path(root).expanduser() if root is not None else None)
-    if found is None:
-        raise UserError(missing_line(source, looked, "" if not source.downloadable else "download disabled"))
+    if source is not None and not (download and source.downloadable):
+        find_local(source, Path(root).expanduser() if root is not None else None, download)
 
 
 # ----- the probes
