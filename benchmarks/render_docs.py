@@ -374,6 +374,8 @@ class Archive:
     def __init__(self, repo: Path) -> None:
         self.repo = repo
         self._folders: dict[Path, list[Any]] = {}
+        self._grids: dict[Path, Any] = {}
+        self._distinct: set[str] = set()  # the archive folders checked for runs counted twice
         self.legacy: list[str] = []  # the current page's verdicts on runs of no single clean commit
         self.noted = False  # whether the current page placed ``legacy_note``
 
@@ -383,18 +385,34 @@ class Archive:
         self.noted = True
         return LEGACY_NOTE if self.legacy else ""
 
-    def runs(self, pattern: str) -> list[Any]:
-        """The finished runs matching ``pattern`` (ARCHIVE/GLOB, relative to docs/results/runs/), from their
-        archive folder loaded once (where two runs with one config are refused)."""
-        folder = self.repo / RUNS / pattern.partition("/")[0]
+    def folder(self, path: str | Path) -> list[Any]:
+        """The finished runs below ``path`` (relative to the repository), read once per render process: the
+        pages' claims, tables and leaderboard grids ask for the same folders many times. Not to be changed."""
+        folder = (self.repo / path).resolve()
         if folder not in self._folders:
             self._folders[folder] = load_runs(folder)
-            refuse_duplicates(self._folders[folder])
-        root = self.repo / RUNS
+        return self._folders[folder]
+
+    def grid(self, path: str | Path) -> Any:
+        """The leaderboard grid (``fedpcd.report.grid.build_grid``) of the runs below ``path``, built once."""
+        folder = (self.repo / path).resolve()
+        if folder not in self._grids:
+            self._grids[folder] = build_grid(self.folder(path))
+        return self._grids[folder]
+
+    def runs(self, pattern: str) -> list[Any]:
+        """The finished runs matching ``pattern`` (ARCHIVE/GLOB, relative to docs/results/runs/), from their
+        archive folder (where two runs with one config are refused)."""
+        folder = f"{RUNS}/{pattern.partition('/')[0]}"
+        found = self.folder(folder)
+        if folder not in self._distinct:
+            refuse_duplicates(found)
+            self._distinct.add(folder)
+        root = (self.repo / RUNS).resolve()
         return sorted(
             (
                 run
-                for run in self._folders[folder]
+                for run in found
                 if fnmatch.fnmatch(run.path.relative_to(root).as_posix(), pattern)
             ),
             key=lambda run: run.path,
@@ -540,10 +558,10 @@ class Table:
         return found[key]
 
 
-def build_table(repo: Path, text: str) -> Table:
+def build_table(archive: Archive, text: str) -> Table:
     """The ``table`` directive: `fedpcd report`'s table of RUNS with the options in ``text``."""
     options = table_options(text)
-    runs = load_runs(repo / options.root)
+    runs = archive.folder(options.root)
     generated = report_table(
         runs, options.last, options.rounds_to, options.paired_with, options.swing, False, options.best
     ).splitlines()
@@ -586,16 +604,17 @@ def leaderboard_command(repo: Path, page: str) -> argparse.Namespace:
     raise RenderError(f"{LEADERBOARD_SCRIPT} has no `fedpcd report` call with --out {page}")
 
 
-def report_page(repo: Path, page: str) -> str:
+def report_page(archive: Archive, page: str) -> str:
     """A leaderboard page as benchmarks/leaderboard.sh's `fedpcd report` writes it, linking the figures that
     script drew (they are not drawn here)."""
+    repo = archive.repo
     options = leaderboard_command(repo, page)
     here = os.getcwd()
     os.chdir(repo)  # the page names its runs folder as the script gives it: relative to the repository
     try:
         text = write_report(options.root, None, options.last, title=options.title, notes=options.notes)
         figures = figure_sections(
-            build_grid(load_runs(options.root)),
+            archive.grid(options.root),
             Path(page).with_suffix(""),
             lambda path: path.relative_to(Path(page).parent).as_posix(),
         )
@@ -604,11 +623,11 @@ def report_page(repo: Path, page: str) -> str:
     return text.replace("\n## All runs", "\n" + "\n".join(figures) + "\n## All runs", 1)
 
 
-def leaderboard_cells(repo: Path, page: str) -> str:
+def leaderboard_cells(archive: Archive, page: str) -> str:
     """A leaderboard's cells.csv (every cell's mean and std) as benchmarks/leaderboard.sh writes it beside
     ``page``."""
-    options = leaderboard_command(repo, page)
-    return cells_csv(build_grid(load_runs(repo / options.root)), options.last)
+    options = leaderboard_command(archive.repo, page)
+    return cells_csv(archive.grid(options.root), options.last)
 
 
 def bench(repo: Path, name: str, path: str, decimals: int | None = None) -> str:
@@ -778,9 +797,9 @@ def environment(repo: Path) -> jinja2.Environment:
         claim=archive.claim,
         label=archive.label,
         legacy_note=archive.legacy_note,
-        table=lambda text: build_table(repo, text),
-        report_page=lambda page: report_page(repo, page),
-        leaderboard_cells=lambda page: leaderboard_cells(repo, page),
+        table=lambda text: build_table(archive, text),
+        report_page=lambda page: report_page(archive, page),
+        leaderboard_cells=lambda page: leaderboard_cells(archive, page),
         bench=lambda name, path, decimals=None: bench(repo, name, path, decimals),
         bench_value=lambda name, path: float(bench(repo, name, path)),
         scale=verdict_scale,

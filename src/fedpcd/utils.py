@@ -199,8 +199,8 @@ def parse_json(text: str, where: str, max_depth: int = MAX_JSON_DEPTH, lines: bo
     except ValueError:  # an integer of more digits than Python reads (4300 by default)
         limit = sys.get_int_max_str_digits()
         raise UserError(f"{where} holds an integer too long to read (over {limit} digits)") from None
-    else:
-        deep = _depth(data) > max_depth
+    else:  # a text of fewer brackets than the bound cannot nest deeper: the walk is skipped
+        deep = text.count("[") + text.count("{") > max_depth and _depth(data) > max_depth
     if deep:
         raise UserError(f"{where} is nested more than {max_depth} levels deep")
     return data
