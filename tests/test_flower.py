@@ -449,6 +449,9 @@ EXTRA = {
     "fml": ["algorithm.shared_model=mlp"],
     "fedkd": ["algorithm.shared_model=mlp"],
     "fedbn": ["model.name=mlp_bn"],  # FedBN needs BatchNorm layers
+    # CReFF's server work at a tenth of its default (it never crosses the records); FedETF: one alternation
+    "creff": ["algorithm.match_steps=10", "algorithm.retrain_epochs=30"],
+    "fedetf": ["algorithm.finetune_rounds=1"],
 }
 
 
