@@ -195,6 +195,17 @@ _PAPER_OPTIONS: dict[str, Any] = {
     "use_u": True,
     "compat_official": False,
 }
+# the ``paper`` preset's values; ``code_intended`` changes only cpdr_dist
+_PAPER_PRESET: dict[str, Any] = {
+    **{f"algorithm.{k}": v for k, v in _PAPER_OPTIONS.items()},
+    "local.lr": 0.01,
+    "local.momentum": 0.9,
+    "local.weight_decay": 1.0e-5,
+    "local.epochs": 10,
+    "local.batch_size": 64,
+    "rounds": 100,
+    "clients": 10,
+}
 # why the paper's presets leave protocol keys unset
 _UNSET = {
     "participation": "the paper samples a random subset of clients each round, its fraction not given (the "
@@ -229,16 +240,7 @@ class FedSC(TwoFormLoss, FedAvg):
         "paper": Preset(
             "the paper: Eqs. 7-15 (L1-sum CPDR, U normaliser, M = 2, all weights 1), SGD lr 0.01, momentum "
             "0.9, weight decay 1e-5, E = 10, B = 64, 100 rounds, 10 clients",
-            {
-                **{f"algorithm.{k}": v for k, v in _PAPER_OPTIONS.items()},
-                "local.lr": 0.01,
-                "local.momentum": 0.9,
-                "local.weight_decay": 1.0e-5,
-                "local.epochs": 10,
-                "local.batch_size": 64,
-                "rounds": 100,
-                "clients": 10,
-            },
+            _PAPER_PRESET,
             _UNSET,
         ),
         "official": Preset(
@@ -267,17 +269,7 @@ class FedSC(TwoFormLoss, FedAvg):
         "code_intended": Preset(
             "the paper preset with CPDR as the released code meant it: mean over dimensions of (z - o^y)^2 "
             "(mse_mean, about 1/d of Eq. 15's L1 sum), weight 1",
-            {
-                **{f"algorithm.{k}": v for k, v in _PAPER_OPTIONS.items()},
-                "algorithm.cpdr_dist": "mse_mean",
-                "local.lr": 0.01,
-                "local.momentum": 0.9,
-                "local.weight_decay": 1.0e-5,
-                "local.epochs": 10,
-                "local.batch_size": 64,
-                "rounds": 100,
-                "clients": 10,
-            },
+            {**_PAPER_PRESET, "algorithm.cpdr_dist": "mse_mean"},
             _UNSET,
         ),
     }
