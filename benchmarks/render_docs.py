@@ -29,8 +29,9 @@ directive:
 - ``{{ c.says("word", "sense") }}``: a verdict or direction word, rendered only when the runs support it:
   sense "separates" / "noise" (the paired t-test does / does not separate), "above" / "below" (the sign of the
   paired mean), "beyond" / "behind" (a separation in that direction), "every seed" (one sign on every seed),
-  "mixed signs" (both signs among the seeds); a separation needs ``MIN_SEEDS`` seeds, and "too few seeds" is
-  the sense of one on fewer.
+  "above on every seed" / "below on every seed" (that sign on every seed, for a word like "ahead on" or
+  "lower on" in front), "mixed signs" (both signs among the seeds); a separation needs ``MIN_SEEDS`` seeds,
+  and "too few seeds" is the sense of one on fewer.
 - ``{% set t = table("RUNS [fedpcd report options] [--setting S]") %}`` then ``{{ t.cell(row, column) }}``:
   a cell of `fedpcd report`'s table.
 - ``{{ report_page("docs/leaderboard.md") }}``, ``{{ leaderboard_cells("docs/leaderboard.md") }}``: a
@@ -340,6 +341,11 @@ class Claim(Side):
         """``word`` when the runs support ``sense`` (see the module docstring), else a RenderError."""
         if sense == "every seed":
             holds = all(v > 0 for v in self.each) or all(v < 0 for v in self.each)
+        elif sense in ("above on every seed", "below on every seed"):
+            if self.ref is None:
+                raise RenderError(f"{self.label}: {word!r} needs a paired claim (ref=)")
+            sign = 1 if sense.startswith("above") else -1
+            holds = all(sign * v > 0 for v in self.each)
         elif sense == "mixed signs":
             holds = any(v > 0 for v in self.each) and any(v < 0 for v in self.each)
         elif sense in ("above", "below"):
@@ -362,7 +368,8 @@ class Claim(Side):
             raise RenderError(f"{self.label}: unknown sense {sense!r} for {word!r}")
         if not holds:
             raise RenderError(f"{self.label}: the runs do not support {word!r} ({sense}): {self}")
-        if sense not in ("above", "below", "every seed", "mixed signs") and self.code is not None:
+        descriptive = sense in ("above", "below", "mixed signs") or sense.endswith("every seed")
+        if not descriptive and self.code is not None:
             self.notes.append(self.code[1])
             return word + LEGACY_MARK
         return word

@@ -205,6 +205,9 @@ def test_a_paired_claim_computes_the_differences_in_points(archive):
     with pytest.raises(render_docs.RenderError, match="do not support"):
         c.says("below", "below")
     assert c.says("on every seed", "every seed") == "on every seed"
+    assert c.says("every seed", "above on every seed") == "every seed"
+    with pytest.raises(render_docs.RenderError, match="do not support"):
+        c.says("every seed", "below on every seed")  # "lower on every seed" of differences all above 0
     with pytest.raises(render_docs.RenderError, match="do not support"):
         c.says("the seeds disagree", "mixed signs")  # +9 to +12: one sign
 
@@ -215,8 +218,9 @@ def test_seeds_of_both_signs_are_what_mixed_signs_says(tmp_path):
         _run(tmp_path, f"w/fedavg_seed{seed}", "fedavg", seed, [0.60])
     c = render_docs.Archive(tmp_path).claim("w/fedprox_seed*", ref="w/fedavg_seed*", last=1)
     assert c.says("the seeds disagree", "mixed signs") == "the seeds disagree"
-    with pytest.raises(render_docs.RenderError, match="do not support"):
-        c.says("on every seed", "every seed")
+    for sense in ("every seed", "above on every seed", "below on every seed"):
+        with pytest.raises(render_docs.RenderError, match="do not support"):
+            c.says("on every seed", sense)
 
 
 def test_runs_of_another_commit_get_no_verdict_and_marked_words(tmp_path):
