@@ -38,6 +38,8 @@ directive:
   leaderboard page and its cells.csv, as `benchmarks/leaderboard.sh`'s `fedpcd report` call with that --out
   writes them.
 - ``{{ bench("speed.json", "rows.0.ratio", 2) }}``: a number from a benchmark's archived JSON.
+- ``{{ holds(c.mean < d.mean, "what the prose says") }}``: nothing when the condition holds, else an error
+  naming it: the check behind a comparison the prose words itself ("lower", "the lowest", "within one std").
 - ``{{ scale.MIN_SEEDS }}``, ``scale.critical_t(n)``: the verdict scale's constants (fedpcd.report.verdict).
 - ``{{ descriptions() }}``: src/fedpcd/descriptions.json, what ``fedpcd list NAME`` says of every shipped
   component (``fedpcd.components.shipped_descriptions``), read by the command without importing torch.
@@ -788,6 +790,13 @@ def _signed(value: float, decimals: int = 2) -> str:
     return f"{value:+.{decimals}f}"
 
 
+def holds(condition: bool, what: str) -> str:
+    """The ``holds`` directive: "" when ``condition`` is true, else a RenderError naming ``what``."""
+    if not condition:
+        raise RenderError(f"the runs do not support: {what}")
+    return ""
+
+
 def environment(repo: Path) -> jinja2.Environment:
     """The Jinja2 environment of the templates, with the directives as globals."""
     env = jinja2.Environment(
@@ -809,6 +818,7 @@ def environment(repo: Path) -> jinja2.Environment:
         leaderboard_cells=lambda page: leaderboard_cells(archive, page),
         bench=lambda name, path, decimals=None: bench(repo, name, path, decimals),
         bench_value=lambda name, path: float(bench(repo, name, path)),
+        holds=holds,
         scale=verdict_scale,
         descriptions=shipped_descriptions,
         declarations=shipped_declarations,

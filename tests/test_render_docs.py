@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+import jinja2
 import pytest
 import yaml
 
@@ -344,3 +345,13 @@ def test_fedpcd_report_counts_every_run_once(archive, tmp_path):
     shutil.copytree(runs / "fedavg_seed1", runs / "fedavg-copy_seed1")
     with pytest.raises(UserError, match="one run counted twice"):
         write_report(runs, None, 1)
+
+
+def test_holds_renders_nothing_when_true_and_refuses_the_page_when_false():
+    """``holds``: the check behind a comparison the prose words itself ("FedProto has the lowest PA-V")."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.globals["holds"] = render_docs.holds
+    page = env.from_string("FedPer is lower{{ holds(a < b, 'FedPer lower') }}.")
+    assert page.render(a=70.0, b=75.0) == "FedPer is lower."
+    with pytest.raises(render_docs.RenderError, match="do not support: FedPer lower"):
+        page.render(a=76.0, b=75.0)
