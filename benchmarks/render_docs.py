@@ -38,6 +38,8 @@ directive:
   leaderboard page and its cells.csv, as `benchmarks/leaderboard.sh`'s `fedpcd report` call with that --out
   writes them.
 - ``{{ bench("speed.json", "rows.0.ratio", 2) }}``: a number from a benchmark's archived JSON.
+- ``means("NAME/GLOB", metric=...)``: each method's mean over its matching runs, {method name: mean}; e.g.
+  ``holds((means(...)|dictsort(by="value")|last)[0] == "scaffold", ...)`` backs "the best".
 - ``{{ holds(c.mean < d.mean, "what the prose says") }}``: nothing when the condition holds, else an error
   naming it: the check behind a comparison the prose words itself ("lower", "the lowest", "within one std").
 - ``{{ scale.MIN_SEEDS }}``, ``scale.critical_t(n)``: the verdict scale's constants (fedpcd.report.verdict).
@@ -435,6 +437,15 @@ class Archive:
             raise RenderError(f"label({pattern!r}): {len(labels)} method names: {', '.join(sorted(labels))}")
         return labels.pop()
 
+    def means(self, pattern: str, **spec: Any) -> dict[str, float]:
+        """The ``means`` directive: each method's mean over its runs matching ``pattern`` (its name as `fedpcd
+        report` gives it), for the metric of ``spec`` as a claim takes it; runs without it left out."""
+        spec.setdefault("metric", "global_acc")
+        values: dict[str, list[float]] = {}
+        for run in self.runs(pattern):
+            values.setdefault(run_label(run.config), []).extend(run_number(run, spec))
+        return {name: statistics.fmean(each) for name, each in values.items() if each}
+
     def side(self, pattern: str, spec: dict[str, Any]) -> dict[int, tuple[list[float], Any]]:
         out: dict[int, tuple[list[float], Any]] = {}
         for run in self.runs(pattern):
@@ -811,6 +822,7 @@ def environment(repo: Path) -> jinja2.Environment:
         paper=lambda key: paper_result(papers, key),
         archive=archive,
         claim=archive.claim,
+        means=archive.means,
         label=archive.label,
         legacy_note=archive.legacy_note,
         table=lambda text: build_table(archive, text),

@@ -355,3 +355,13 @@ def test_holds_renders_nothing_when_true_and_refuses_the_page_when_false():
     assert page.render(a=70.0, b=75.0) == "FedPer is lower."
     with pytest.raises(render_docs.RenderError, match="do not support: FedPer lower"):
         page.render(a=76.0, b=75.0)
+
+
+def test_means_gives_each_methods_mean_over_its_seeds(tmp_path):
+    """``means``: {method name: mean over seeds of the last-rounds mean}, what backs "the best" in prose."""
+    for seed, (mine, theirs) in enumerate(((0.70, 0.60), (0.74, 0.62))):
+        _run(tmp_path, f"m/fedprox_seed{seed}", "fedprox", seed, [0.5, mine])
+        _run(tmp_path, f"m/fedavg_seed{seed}", "fedavg", seed, [0.5, theirs])
+    means = render_docs.Archive(tmp_path).means("m/*_seed*", last=1)
+    assert means == pytest.approx({"fedprox": 72.0, "fedavg": 61.0})
+    assert render_docs.Archive(tmp_path).means("m/fedavg_seed*", last=2) == pytest.approx({"fedavg": 55.5})
