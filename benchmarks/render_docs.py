@@ -38,7 +38,7 @@ directive:
   leaderboard page and its cells.csv, as `benchmarks/leaderboard.sh`'s `fedpcd report` call with that --out
   writes them.
 - ``{{ bench("speed.json", "rows.0.ratio", 2) }}``: a number from a benchmark's archived JSON.
-- ``means("NAME/GLOB", metric=...)``: each method's mean over its matching runs, {method name: mean}; e.g.
+- ``means("NAME/GLOB", metric=...)``: each grid point's mean over its matching runs, {run name: mean}; e.g.
   ``holds((means(...)|dictsort(by="value")|last)[0] == "scaffold", ...)`` backs "the best".
 - ``{{ holds(c.mean < d.mean, "what the prose says") }}``: nothing when the condition holds, else an error
   naming it: the check behind a comparison the prose words itself ("lower", "the lowest", "within one std").
@@ -438,12 +438,15 @@ class Archive:
         return labels.pop()
 
     def means(self, pattern: str, **spec: Any) -> dict[str, float]:
-        """The ``means`` directive: each method's mean over its runs matching ``pattern`` (its name as `fedpcd
-        report` gives it), for the metric of ``spec`` as a claim takes it; runs without it left out."""
+        """The ``means`` directive: the mean over seeds of each grid point matching ``pattern``, named by its run
+        folder without the pattern's fixed start and the ``_seedN`` end ("scaffold", "fedlc-denominatorall"),
+        for the metric of ``spec`` as a claim takes it; runs without it left out."""
         spec.setdefault("metric", "global_acc")
+        start = pattern.partition("/")[2].partition("*")[0]
         values: dict[str, list[float]] = {}
         for run in self.runs(pattern):
-            values.setdefault(run_label(run.config), []).extend(run_number(run, spec))
+            name = re.sub(r"_seed\d+$", "", run.path.name).removeprefix(start)
+            values.setdefault(name, []).extend(run_number(run, spec))
         return {name: statistics.fmean(each) for name, each in values.items() if each}
 
     def side(self, pattern: str, spec: dict[str, Any]) -> dict[int, tuple[list[float], Any]]:
