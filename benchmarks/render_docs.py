@@ -438,9 +438,9 @@ class Archive:
         return labels.pop()
 
     def means(self, pattern: str, **spec: Any) -> dict[str, float]:
-        """The ``means`` directive: the mean over seeds of each grid point matching ``pattern``, named by its run
-        folder without the pattern's fixed start and the ``_seedN`` end ("scaffold", "fedlc-denominatorall"),
-        for the metric of ``spec`` as a claim takes it; runs without it left out."""
+        """The ``means`` directive: the mean over seeds of each grid point matching ``pattern``, named by its
+        run folder without the pattern's fixed start and the ``_seedN`` end ("scaffold",
+        "fedlc-denominatorall"), for the metric of ``spec`` as a claim takes it; runs without it left out."""
         spec.setdefault("metric", "global_acc")
         start = pattern.partition("/")[2].partition("*")[0]
         values: dict[str, list[float]] = {}
