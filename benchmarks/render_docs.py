@@ -54,7 +54,8 @@ refuses both runs (``fedpcd.report.read.load_runs``).
 
 Outside directives a template may hold no result number and no word of the verdict vocabulary
 (``scan_template``; a table's cells like prose, whatever their column, a paper's included), except in a block
-that ``<!-- not a result: REASON -->`` exempts (REASON in ``EXEMPT_REASONS``), in code, and in names with
+that ``<!-- not a result: REASON -->`` exempts (REASON in ``EXEMPT_REASONS``; on a line of its own it exempts
+the block below, inline the text back to the previous comment or directive), in code, and in names with
 digits (``MASKS``).
 
 usage: python benchmarks/render_docs.py [--check] [--repo PATH]
@@ -718,6 +719,9 @@ VOCABULARY = re.compile(
 )
 
 
+BLANK = "\x00"  # a directive's characters in the text scan_template reads
+
+
 def masked(text: str) -> str:
     """``text`` with what holds digits but no number (``MASKS``) blanked, positions kept."""
     for mask in MASKS:
@@ -733,7 +737,7 @@ def _blocks(text: str) -> list[tuple[int, list[str]]]:
     blocks: list[tuple[int, list[str]]] = []
     fence, exempt, fresh = False, False, True
     for number, line in enumerate(lines, 1):
-        stripped = line.strip()
+        stripped = line.strip(" \t\r\n\f\v" + BLANK)  # a line of directives alone is blank
         if line.startswith("```"):
             fence, fresh = not fence, True
             continue
@@ -764,22 +768,39 @@ def _blocks(text: str) -> list[tuple[int, list[str]]]:
     return blocks
 
 
+def sentence_start(span: str, start: int, end: int) -> int:
+    """Where the text an exemption ending at ``end`` covers begins, not before ``start``: after the last
+    directive (``BLANK``)."""
+    return max(start, span.rfind(BLANK, start, end) + 1)
+
+
+def unexempt(span: str) -> tuple[str, list[str]]:
+    """The text of a span that no inline exemption covers (each covers back to the previous comment or
+    directive), and the exemptions whose reason is not one of ``EXEMPT_REASONS``."""
+    kept, unknown, rest = [], [], 0
+    for m in COMMENT.finditer(span):
+        body = m.group(1).strip()
+        if not body.startswith("not a result:"):
+            kept.append(span[rest : m.start()])
+        else:
+            kept.append(span[rest : sentence_start(span, rest, m.start())])
+            if body.partition(":")[2].strip() not in EXEMPT_REASONS:
+                unknown.append(body)
+        rest = m.end()
+    kept.append(span[rest:])
+    return " ".join(kept), unknown
+
+
 def scan_template(text: str) -> list[str]:
     """The result numbers and verdict words of a template outside its directives: one line each (see the
-    module docstring for what is exempt: an inline exemption covers its span back to the previous comment)."""
+    module docstring for what is exempt: an inline exemption covers its span back to the previous comment or
+    directive)."""
     problems: list[str] = []
-    for number, spans in _blocks(DIRECTIVE.sub(lambda m: " " * len(m.group()), text)):
+    for number, spans in _blocks(DIRECTIVE.sub(lambda m: BLANK * len(m.group()), text)):
         for span in spans:
-            kept, rest = [], 0
-            for m in COMMENT.finditer(span):
-                body = m.group(1).strip()
-                if not body.startswith("not a result:"):
-                    kept.append(span[rest : m.start()])
-                elif body.partition(":")[2].strip() not in EXEMPT_REASONS:
-                    problems.append(f"line {number}: exemption {body!r}: the reasons are {REASONS}")
-                rest = m.end()
-            kept.append(span[rest:])
-            plain = masked(" ".join(kept))
+            kept, reasons = unexempt(span)
+            problems += [f"line {number}: exemption {r!r}: the reasons are {REASONS}" for r in reasons]
+            plain = masked(kept)
             for what, pattern in (("a number", NUMBER), ("a verdict word", VOCABULARY)):
                 for m in pattern.finditer(plain):
                     where = _around(plain, m.start())
@@ -790,7 +811,7 @@ def scan_template(text: str) -> list[str]:
 
 
 def _around(text: str, at: int) -> str:
-    return " ".join(text[max(at - 40, 0) : at + 30].split())
+    return " ".join(text[max(at - 40, 0) : at + 30].replace(BLANK, " ").split())
 
 
 # ---- rendering --------------------------------------------------------------------------------------------
