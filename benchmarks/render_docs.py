@@ -768,12 +768,6 @@ def _blocks(text: str) -> list[tuple[int, list[str]]]:
     return blocks
 
 
-def sentence_start(span: str, start: int, end: int) -> int:
-    """Where the text an exemption ending at ``end`` covers begins, not before ``start``: after the last
-    directive (``BLANK``)."""
-    return max(start, span.rfind(BLANK, start, end) + 1)
-
-
 def unexempt(span: str) -> tuple[str, list[str]]:
     """The text of a span that no inline exemption covers (each covers back to the previous comment or
     directive), and the exemptions whose reason is not one of ``EXEMPT_REASONS``."""
@@ -783,7 +777,8 @@ def unexempt(span: str) -> tuple[str, list[str]]:
         if not body.startswith("not a result:"):
             kept.append(span[rest : m.start()])
         else:
-            kept.append(span[rest : sentence_start(span, rest, m.start())])
+            covered = max(rest, span.rfind(BLANK, rest, m.start()) + 1)  # back to the last directive
+            kept.append(span[rest:covered])
             if body.partition(":")[2].strip() not in EXEMPT_REASONS:
                 unknown.append(body)
         rest = m.end()
