@@ -6,6 +6,7 @@ watch, pool workers that leave Ctrl-C to the sweep)."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -17,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import SRC, TINY, cli_main, one_error_line, start_cli
-from fedpcd import procs_guard
+from fedpcd import cli, procs_guard
 from fedpcd.cli import main
-from fedpcd.errors import STOP_SIGNALS
+from fedpcd.errors import STOP_SIGNALS, Terminated, interrupt_behind
 from fedpcd.procs_guard import exit_when_gone
 
 RUN = ["dataset.name=synthetic", "model.name=mlp", "model.hidden=8", "clients=2"]
@@ -209,12 +210,10 @@ def test_each_stop_signal_ends_a_run_with_one_line_its_lock_released(tmp_path, s
             [sys.executable, "-m", "fedpcd.cli", *argv], stdout=subprocess.DEVNULL, stderr=err, env=env
         )
     try:
-        while (
-            proc.poll() is None and not (out / "metrics.jsonl").exists() or not _lines(out / "metrics.jsonl")
-        ):
+        while proc.poll() is None and not _lines(out / "metrics.jsonl"):
             time.sleep(0.1)
         proc.send_signal(sig)
-        assert proc.wait(timeout=60) == 128 + sig
+        assert proc.wait(timeout=60) == 128 + sig, (tmp_path / "err").read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -223,6 +222,67 @@ def test_each_stop_signal_ends_a_run_with_one_line_its_lock_released(tmp_path, s
         f"fedpcd: interrupted (resume with: fedpcd run --resume {out})"
     ]
     assert (out / ".lock").read_text() == ""  # released (a holder that dies leaves its pid there)
+
+
+class _StoppedAfter(io.BytesIO):
+    """A file whose reads and writes are cut by a SIGHUP after ``calls`` of them: torch's zip writer and
+    reader call them, and turn the interrupt into a RuntimeError or SystemError (a stop signal during a
+    checkpoint's write once ended a run as an I/O error, exit 2)."""
+
+    def __init__(self, data: bytes = b"", calls: int = 2) -> None:
+        super().__init__(data)
+        self.calls = calls
+
+    def _count(self) -> None:
+        self.calls -= 1
+        if self.calls < 0:
+            raise Terminated(signal.SIGHUP)
+
+    def write(self, data):
+        self._count()
+        return super().write(data)
+
+    def readinto(self, buffer):
+        self._count()
+        return super().readinto(buffer)
+
+    def read(self, size=-1):
+        self._count()
+        return super().read(size)
+
+
+@pytest.mark.parametrize("calls", [0, 1, 2, 3, 5])
+def test_a_stop_signal_while_torch_writes_or_reads_a_checkpoint_stays_a_stop(tmp_path, monkeypatch, calls):
+    import torch
+
+    from fedpcd.engine.checkpoint import load_weights_only
+    from fedpcd.engine.rundir import save_tensors
+
+    state = {"w": torch.arange(6.0), "b": torch.ones(2)}
+    with pytest.raises(Terminated):
+        save_tensors(state, _StoppedAfter(calls=calls))
+    saved = io.BytesIO()
+    torch.save(state, saved)
+    load = torch.load
+    monkeypatch.setattr(torch, "load", lambda path, **kw: load(_StoppedAfter(saved.getvalue(), calls), **kw))
+    with pytest.raises(Terminated):
+        load_weights_only(tmp_path / "checkpoint.pt")
+
+
+def test_a_library_error_that_stands_for_a_stop_signal_ends_the_command_as_the_signal(monkeypatch, capsys):
+    def cut_write(args):
+        try:
+            raise Terminated(signal.SIGHUP)
+        except Terminated:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 46 vs 0") from None
+
+    monkeypatch.setitem(cli.HANDLERS, "list", cut_write)
+    assert main(["list"]) == 128 + signal.SIGHUP
+    assert capsys.readouterr().err == "fedpcd: interrupted\n"
+    plain = RuntimeError("a bug")
+    assert interrupt_behind(plain) is None
+    plain.__context__ = plain  # a cycle ends the walk
+    assert interrupt_behind(plain) is None
 
 
 def test_a_run_started_with_sighup_ignored_outlives_it(tmp_path):
@@ -242,7 +302,7 @@ def test_a_run_started_with_sighup_ignored_outlives_it(tmp_path):
             time.sleep(0.1)
         assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, (tmp_path / "stderr.txt").read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

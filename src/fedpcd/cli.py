@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd.cli_args import INIT_FILE, parse_args
-from fedpcd.errors import Terminated, UserError
+from fedpcd.errors import Terminated, UserError, interrupt_behind
 from fedpcd.procs_guard import (
     out_of_memory_line,
     stop_signals_raise,
@@ -260,10 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt as exc:  # Ctrl-C, or Terminated by one of STOP_SIGNALS
-        hint = getattr(args, "resume_hint", None)
-        print(show_text(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}"), file=sys.stderr)
-        return 128 + int(exc.signum) if isinstance(exc, Terminated) else 130
+        return _interrupted(args, exc)
     except (MemoryError, ImportError, RuntimeError, SystemError) as exc:  # memory ran out? else re-raised
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:  # a library's error that stands for a Ctrl-C or stop signal
+            return _interrupted(args, interrupt)
         line = out_of_memory_line(exc)
         if line is None:
             raise
@@ -274,6 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedpcd: error: {line}", file=sys.stderr)
         return 2
     return 0
+
+
+def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
+    """The line of a command stopped by Ctrl-C or a stop signal, and its exit status (130; 128 + signal)."""
+    hint = getattr(args, "resume_hint", None)
+    print(show_text(f"fedpcd: interrupted{f' (resume with: {hint})' if hint else ''}"), file=sys.stderr)
+    return 128 + int(exc.signum) if isinstance(exc, Terminated) else 130
 
 
 @contextlib.contextmanager

@@ -126,3 +126,17 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int = signal.SIGTERM) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or stop signal (:class:`Terminated`) that ``exc`` stands for, else None. torch turns one
+    raised in a file's write or read, which its zip writer and reader call, into a RuntimeError ('[enforce
+    fail at inline_container.cc]') or SystemError with the interrupt as its ``__context__``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

@@ -28,7 +28,7 @@ from fedpcd.config_identity import (
     describe_changes,
 )
 from fedpcd.engine.records import record_line
-from fedpcd.errors import UserError, clip, short
+from fedpcd.errors import UserError, clip, interrupt_behind, short
 from fedpcd.run_format import RunFiles
 from fedpcd.utils import read_user_bytes
 
@@ -41,12 +41,16 @@ def load_weights_only(
     path: str | Path, map_location: torch.device | str | None = None, what: str = "checkpoint", hint: str = ""
 ) -> Any:
     """``torch.load(weights_only=True)``: tensors and plain data only, never code. A file that does not load
-    is one line of our own naming it (never torch's advice to load it without that safeguard)."""
+    is one line of our own naming it (never torch's advice to load it without that safeguard); a Ctrl-C or
+    stop signal during the read stays what it is."""
     try:
         return torch.load(path, weights_only=True, map_location=map_location)
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except Exception:  # noqa: BLE001 - refused by the safe unpickler, truncated or foreign: all one answer
+    except Exception as exc:  # noqa: BLE001 - refused by the safe unpickler, truncated or foreign: all one answer
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:
+            raise interrupt from None
         raise UserError(
             f"cannot load {what} {path}: it is corrupt, truncated or holds objects other than tensors and "
             f"plain data (only those are loaded, never code){hint}"

@@ -29,7 +29,7 @@ from fedpcd.config import Config
 from fedpcd.config_identity import config_yaml, describe_changes
 from fedpcd.engine.checkpoint import changes_since, load_checkpoint_file
 from fedpcd.engine.records import record_line
-from fedpcd.errors import RunInUseError, UserError
+from fedpcd.errors import RunInUseError, UserError, interrupt_behind
 from fedpcd.logs import LOGGER
 from fedpcd.resolve import load_config
 from fedpcd.run_format import RunFiles
@@ -113,10 +113,13 @@ def save_tensors(obj: Any, fh: Any) -> None:
     """``torch.save`` into the open file ``fh``. torch's zip writer reports a short write (a full disk) as a
     RuntimeError ('[enforce fail at inline_container.cc]'): that becomes the OSError it stands for
     (No space left on device where the disk is nearly full, else Input/output error), so the caller's write
-    fails with one line naming the file."""
+    fails with one line naming the file. A Ctrl-C or stop signal during the write stays what it is."""
     try:
         torch.save(obj, fh)
     except RuntimeError as exc:
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:
+            raise interrupt from None
         if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
             raise
         try:
