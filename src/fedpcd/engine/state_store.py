@@ -29,7 +29,7 @@ from fedpcd.algorithms.statedict import tensor_bytes
 from fedpcd.config import Config
 from fedpcd.engine.checkpoint import load_weights_only
 from fedpcd.engine.federation import to_device
-from fedpcd.engine.rundir import RunDir, safe_write, writing
+from fedpcd.engine.rundir import RunDir, safe_write, save_tensors, writing
 from fedpcd.utils import refuse_link
 
 Backend = Literal["memory", "disk"]
@@ -100,7 +100,7 @@ class ClientStateStore(MutableMapping[int, Any]):
             return
         cpu_state = to_device(state, "cpu")
         assert self.directory is not None
-        safe_write(self._path(key), lambda fh: torch.save(cpu_state, fh), "wb", root=self.directory.parent)
+        safe_write(self._path(key), lambda fh: save_tensors(cpu_state, fh), "wb", root=self.directory.parent)
         self._keys.add(key)
 
     def __delitem__(self, key: int) -> None:
