@@ -872,7 +872,7 @@ def render(repo: Path, page: str, env: jinja2.Environment | None = None) -> str:
         raise RenderError(
             f"{page}: {len(archive.legacy)} verdicts marked {LEGACY_MARK} but no {{{{ legacy_note() }}}}"
         )
-    return text
+    return text.rstrip("\n") + "\n"  # one end of line (a page's last directive may render nothing)
 
 
 def differences(page: str, found: str, expected: str) -> list[str]:
