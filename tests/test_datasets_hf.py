@@ -116,6 +116,22 @@ def test_fedpcd_data_and_a_damaged_cache_file(tiny, cache, monkeypatch):
     assert torch.load(next((cache / "me___tiny").glob("train-*.pt")), weights_only=True)["x"].shape[0] == 30
 
 
+def test_a_ctrl_c_while_the_cache_is_read_is_no_damaged_file(tiny, cache, monkeypatch):
+    root, _ = tiny
+    load_dataset("hf:me/tiny", root=root, download=False)  # decoded and cached
+
+    def cut_read(path, **kwargs):  # how torch reports a Ctrl-C raised in its zip reader's read
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise SystemError("<class 'super'> returned a result with an exception set") from None
+
+    monkeypatch.setattr(torch, "load", cut_read)
+    monkeypatch.setattr(hf, "_decode", lambda *args: pytest.fail("the Ctrl-C was taken for a damaged cache"))
+    with pytest.raises(KeyboardInterrupt):
+        load_dataset("hf:me/tiny", root=root, download=False)
+
+
 def test_grey_images_text_labels_and_arrays(tmp_path, cache):
     rng = np.random.default_rng(1)
     grey = _images([0, 1, 2, 1], rng, grey=True)

@@ -140,3 +140,11 @@ def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+def reraise_interrupt(exc: BaseException) -> None:
+    """Raise the Ctrl-C or stop signal that ``exc`` stands for (:func:`interrupt_behind`), if any: for a
+    handler that would otherwise answer ``exc`` as a failure of its own."""
+    interrupt = interrupt_behind(exc)
+    if interrupt is not None:
+        raise interrupt from None

@@ -43,7 +43,7 @@ from fedpcd.catalog import HF_INSTALL, HF_PREFIX, check_hf_name
 from fedpcd.data.files import find_or_download
 from fedpcd.data.sources import Source, cache_dir
 from fedpcd.data.tensors import Dataset, Loader, channel_stats
-from fedpcd.errors import UserError, clip
+from fedpcd.errors import UserError, clip, reraise_interrupt
 from fedpcd.utils import atomic_write, show_path
 
 IMAGE_COLUMNS = ("image", "img")
@@ -298,8 +298,8 @@ def _images(
             x = cached["x"]
             if isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and len(x) == len(part):
                 return x, (tuple(cached["mean"]), tuple(cached["std"]))
-        except Exception:  # a damaged or foreign file: decoded again and replaced
-            pass
+        except Exception as exc:  # a damaged or foreign file: decoded again and replaced
+            reraise_interrupt(exc)  # a Ctrl-C during the read, which torch reports as its own error
     LOG.info("%s: decoding the %d images of split %r once (cached in %s)", name, len(part), split, path)
     x = _decode(name, split, part, column, mode)
     mean, std = channel_stats(x)

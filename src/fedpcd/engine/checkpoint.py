@@ -28,7 +28,7 @@ from fedpcd.config_identity import (
     describe_changes,
 )
 from fedpcd.engine.records import record_line
-from fedpcd.errors import UserError, clip, interrupt_behind, short
+from fedpcd.errors import UserError, clip, reraise_interrupt, short
 from fedpcd.run_format import RunFiles
 from fedpcd.utils import read_user_bytes
 
@@ -48,9 +48,7 @@ def load_weights_only(
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except Exception as exc:  # noqa: BLE001 - refused by the safe unpickler, truncated or foreign: all one answer
-        interrupt = interrupt_behind(exc)
-        if interrupt is not None:
-            raise interrupt from None
+        reraise_interrupt(exc)
         raise UserError(
             f"cannot load {what} {path}: it is corrupt, truncated or holds objects other than tensors and "
             f"plain data (only those are loaded, never code){hint}"

@@ -29,7 +29,7 @@ from fedpcd.config import Config
 from fedpcd.config_identity import config_yaml, describe_changes
 from fedpcd.engine.checkpoint import changes_since, load_checkpoint_file
 from fedpcd.engine.records import record_line
-from fedpcd.errors import RunInUseError, UserError, interrupt_behind
+from fedpcd.errors import RunInUseError, UserError, reraise_interrupt
 from fedpcd.logs import LOGGER
 from fedpcd.resolve import load_config
 from fedpcd.run_format import RunFiles
@@ -117,9 +117,7 @@ def save_tensors(obj: Any, fh: Any) -> None:
     try:
         torch.save(obj, fh)
     except RuntimeError as exc:
-        interrupt = interrupt_behind(exc)
-        if interrupt is not None:
-            raise interrupt from None
+        reraise_interrupt(exc)
         if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
             raise
         try:
