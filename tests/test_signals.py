@@ -90,6 +90,54 @@ def test_trackers_hold_each_step_once_after_a_kill_at_each_write(tmp_path, point
     assert mlflow_read(run, run_id, ["global_acc"])[3]["global_acc"] == accs
 
 
+_STOP_IN_CHECKPOINT = """
+import os, signal, sys
+from fedpcd.cli import main
+from fedpcd.engine import rundir
+
+save = rundir.save_tensors
+
+
+class Cut:  # round 2's checkpoint file: a SIGHUP comes during torch's third write into it, as from kill -HUP
+    def __init__(self, fh):
+        self.fh, self.writes = fh, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == 3:
+            os.kill(os.getpid(), signal.SIGHUP)
+        return self.fh.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+
+round_2 = lambda obj: isinstance(obj, dict) and obj.get("round") == 2
+rundir.save_tensors = lambda obj, fh: save(obj, Cut(fh) if round_2(obj) else fh)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_signal_during_a_checkpoint_write_ends_the_run_as_the_signal_and_it_resumes(tmp_path):
+    """torch's zip writer calls the file's write, and turns the stop signal raised there into a RuntimeError:
+    such a run once ended as an I/O error (exit 2). It ends as the signal, and resumes from round 1's
+    checkpoint with no temp file left."""
+    out = tmp_path / "run"
+    script = tmp_path / "stop_in_checkpoint.py"
+    script.write_text(_STOP_IN_CHECKPOINT)
+    argv = ["run", "--quiet", *RUN, "rounds=3", "engine.workers=1", "engine.checkpoint_every=1"]
+    done = subprocess.run(
+        [sys.executable, str(script), *argv, f"output_dir={out}"], capture_output=True, text=True
+    )
+    assert done.returncode == 128 + signal.SIGHUP, done.stderr[-2000:]
+    assert done.stderr == f"fedpcd: interrupted (resume with: fedpcd run --resume {out})\n"
+    assert (out / ".lock").read_text() == ""
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    rounds = [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [1, 2, 3]
+    assert not list(out.rglob("*.tmp"))
+
+
 def test_sigterm_on_a_local_run_is_like_ctrl_c(tmp_path):
     """The message with the resume command, exit code 143, and the .lock released (emptied)."""
     out = tmp_path / "run"
