@@ -178,17 +178,20 @@ def test_full_personal_metrics_every_personal_full_every_evaluated_rounds_pa_spl
 @requires_fmnist
 @pytest.mark.slow
 def test_fedavg_fmnist_iid_reaches_acceptance_accuracy(tmp_path):
+    """FedAvg learns real data: 3 rounds of 10 IID clients on a 30% stratified subset of Fashion-MNIST's train
+    set (18,000 images, a third of the whole set's cost) reach 70% GA on the whole test set."""
     cfg = load_config(
         None,
         [
             "dataset.name=fmnist",
+            "dataset.train_fraction=0.3",
             "model.name=simplecnn",
             "partition.scheme=iid",
             "clients=10",
             "rounds=3",
             "local.epochs=1",
-            "local.batch_size=64",
-            "local.lr=0.01",
+            "local.batch_size=32",
+            "local.lr=0.05",
             "local.momentum=0.9",
             "eval_every=3",
             f"output_dir={tmp_path}",

@@ -115,11 +115,13 @@ def plot_heatmap(rows: list[str], matrix: list[list[float | None]], path: str | 
     if num_classes <= 30:
         ax.set_xticks(range(num_classes))
     if num_rows * num_classes <= 800:
+        # each value inside its cell: the layout need not measure them (about 1/7 of a heatmap's time)
+        cell = {"ha": "center", "va": "center", "fontsize": 6, "in_layout": False}
         for i in range(num_rows):
             for c in range(num_classes):
                 if not np.isnan(data[i, c]):
                     colour = "black" if data[i, c] > 60 else "white"
-                    ax.text(c, i, f"{data[i, c]:.0f}", ha="center", va="center", fontsize=6, color=colour)
+                    ax.text(c, i, f"{data[i, c]:.0f}", color=colour, **cell)
     fig.colorbar(image, ax=ax, label="accuracy (%)")
     atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100, metadata={"Software": None}), "wb")
 
