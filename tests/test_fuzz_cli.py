@@ -397,7 +397,7 @@ def test_every_shape_once_exits_0_or_2_without_traceback(tmp_path, capsys, finis
             _target(rng, tmp_path, 1000 + i, suffix, kind) for suffix in (".json", ".png")
         )
         cases.append(["partition", "dataset.name=synthetic", "--json", json_target, "--plot", png_target])
-        for suffix in (".md", ""):
+        for suffix in (".md", "") if kind != "folder" else ("",):  # a folder's path has no suffix
             cases.append(
                 ["report", str(finished_runs), "--out", _target(rng, tmp_path, 2000 + i, suffix, kind)]
             )

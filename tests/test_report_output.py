@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -142,3 +143,18 @@ def test_report_names_exactly_the_files_it_wrote(runs_dir, grid_dir, tmp_path, c
     printed = capsys.readouterr().out.splitlines()
     assert printed == [f"wrote {out / 'report.md'}", f"wrote {out / 'curves.png'}"]
     check_embedded(out / "report.md", (out / "report.md", out / "curves.png"))
+
+
+def test_a_malformed_partition_file_is_one_line_before_any_figure_is_drawn(grid_dir, tmp_path, capsys):
+    """The partitions are read before the figures are drawn: a bad partition.json in the last setting ends
+    the report in its one line with no figure (nor anything else) written, not after the others' figures."""
+    runs = tmp_path / "runs"
+    shutil.copytree(grid_dir, runs)
+    bad = runs / "fedavg-pathological" / "partition.json"  # the setting's first run: its figure's
+    bad.write_text('{"clients": [{"train_counts": "x"}]}')
+    out = tmp_path / "board"
+    assert main(["report", str(runs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fedpcd: error: partition file {bad} is not a fedpcd partition")
+    assert "\n" not in err
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]

@@ -376,9 +376,15 @@ def reading(grid: Grid, last: int, reference: str = "fedavg") -> str:
 
 
 def figure_files(grid: Grid, figures: Path) -> list[Path]:
-    """Draw each setting's curves, class heatmap and partition into ``figures``; the files written."""
+    """Draw each setting's curves, class heatmap and partition into ``figures``; the files written. The
+    partitions are read first: a malformed partition.json is its one line before any figure is drawn."""
     from fedpcd.data.stats import plot_counts
 
+    firsts = {
+        setting: next((runs[0] for (m, s), runs in grid.cells.items() if s == setting and runs), None)
+        for setting in grid.settings
+    }
+    partitions = {setting: None if run is None else partition_counts(run) for setting, run in firsts.items()}
     written = []
     for setting in grid.settings:
         name = slug(setting)
@@ -386,12 +392,10 @@ def figure_files(grid: Grid, figures: Path) -> list[Path]:
         written.append(figures / f"curves-{name}.png")
         if setting_class_heatmap(grid, setting, figures / f"classes-{name}.png"):
             written.append(figures / f"classes-{name}.png")
-        first = next((runs[0] for (m, s), runs in grid.cells.items() if s == setting and runs), None)
-        counts = partition_counts(first) if first is not None else None
+        counts = partitions[setting]
         if counts is not None:
-            plot_counts(
-                counts, figures / f"partition-{name}.png", title=f"{setting}, seed {first.config['seed']}"
-            )
+            title = f"{setting}, seed {firsts[setting].config['seed']}"
+            plot_counts(counts, figures / f"partition-{name}.png", title=title)
             written.append(figures / f"partition-{name}.png")
     return written
 
