@@ -23,8 +23,13 @@ SPEC.loader.exec_module(render_docs)
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, str]:
-    env = render_docs.environment(ROOT)
+def env():
+    """One environment for the module's renderings: its archive reads each folder once."""
+    return render_docs.environment(ROOT)
+
+
+@pytest.fixture(scope="module")
+def rendered(env) -> dict[str, str]:
     return {page: render_docs.render(ROOT, page, env) for page in render_docs.PAGES}
 
 
@@ -80,15 +85,14 @@ CLEAN_PAGES = {
 
 
 @pytest.mark.parametrize("page", CLEAN_PAGES)
-def test_every_comparison_on_readme_and_the_method_pages_is_of_one_clean_commit(page):
-    env = render_docs.environment(ROOT)
+def test_every_comparison_on_readme_and_the_method_pages_is_of_one_clean_commit(page, env, monkeypatch):
     made, claim = [], env.globals["claim"]
 
     def recording(*args, **kwargs):
         made.append(claim(*args, **kwargs))
         return made[-1]
 
-    env.globals["claim"] = recording
+    monkeypatch.setitem(env.globals, "claim", recording)
     render_docs.render(ROOT, page, env)
     unclean = {c.label: c.code[1] for c in made if c.ref is not None and c.code is not None}
     assert len([c for c in made if c.ref is not None]) >= CLEAN_PAGES[page]
