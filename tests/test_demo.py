@@ -10,14 +10,14 @@ from fedpcd.demo import DEMO_METHODS, FEDSC_NOTE, FEDSSA_NOTE, leader_sentence, 
 
 @requires_fmnist
 def test_demo_compares_fedavg_and_the_five_methods(tmp_path, capsys):
-    overrides = ["rounds=3", "eval_every=1", "dataset.train_fraction=0.02", "personal_test=split"]
+    overrides = ["rounds=2", "eval_every=1", "dataset.train_fraction=0.02", "personal_test=split"]
     assert main(["demo", "--out", str(tmp_path), "--quiet", *overrides]) == 0
     out, err = capsys.readouterr()
     names = [name for name, _ in DEMO_METHODS]
     assert names == ["fedavg", "fedgela", "fedmr", "fednh", "fedsc", "fedssa"]
     lines = out.splitlines()
-    assert lines[0].startswith("Setting: fmnist P10C2 (2% of the train set), simplecnn, 3 rounds x 1 epoch")
-    assert "mean over the last 3 evaluated rounds (of 3" in lines[1]
+    assert lines[0].startswith("Setting: fmnist P10C2 (2% of the train set), simplecnn, 2 rounds x 1 epoch")
+    assert "mean over the last 2 evaluated rounds (of 2" in lines[1]
     assert lines[2].split()[:3] == ["algorithm", "GA", "PA-split"]
     assert [line.split()[0] for line in lines[4:10]] == names
     assert lines[9].split()[1] == "-"  # FedSSA: no GA
