@@ -256,3 +256,25 @@ def test_a_preset_names_its_method_and_keeps_its_setting_in_the_paper_layout(tmp
     assert setting_columns(varying, ("official", 8.0), "fedgela") == named
     assert setting_columns(varying, ("official", 5.0), "fedgela") == {"algorithm": "preset=official"}
     assert tuned.config["algorithm"]["scale"] == 8.0
+
+
+def test_the_pairing_key_is_the_sorted_json_of_the_setting_but_the_algorithm(tmp_path):
+    """``without_algorithm`` composes the key from each value's JSON, computed once per run: it is exactly
+    ``json.dumps`` of the setting without its algorithm keys (and the method's), nested ``then`` partitions,
+    unicode, floats and None included."""
+    from fedpcd.report.groups import without_algorithm
+    from fedpcd.report.read import Run
+
+    overrides = [
+        [],
+        ["partition.scheme=longtail", "partition.rho=100", "algorithm.name=fedgela"],
+        ["algorithm.name=fedprox", "local.lr=0.0125", "dataset.name=synthetic", "dataset.train_fraction=0.3"],
+    ]
+    for i, extra in enumerate(overrides):
+        out = tmp_path / f"r{i}-é"
+        run = Run(out, load_config(None, [f"output_dir={out}", *extra]).to_dict(), [], {})
+        run.setting["extra.τ"] = {"b": [1, None], "a": "ü"}  # a nested, non-ASCII value
+        setting = {k: v for k, v in run.setting.items() if not k.startswith("algorithm.")}
+        for method_keys in (frozenset(), frozenset({"local.lr", "extra.τ"})):
+            kept = {k: v for k, v in setting.items() if k not in method_keys}
+            assert without_algorithm(run, method_keys) == json.dumps(kept, sort_keys=True, default=str)

@@ -20,12 +20,9 @@ IGNORED = {"seed", "output_dir"}
 def without_algorithm(run: Run, method_keys: frozenset[str] = frozenset()) -> str:
     """A run's whole setting but its algorithm (seed included), and but ``method_keys``: runs equal in it
     form a pair."""
-    flat = run.setting
-    return json.dumps(
-        {k: v for k, v in flat.items() if not k.startswith("algorithm.") and k not in method_keys},
-        sort_keys=True,
-        default=str,
-    )
+    texts = run.setting_json  # the JSON of the kept part, as json.dumps(..., sort_keys=True) writes it
+    kept = sorted(k for k in texts if not k.startswith("algorithm.") and k not in method_keys)
+    return "{" + ", ".join(f"{json.dumps(k)}: {texts[k]}" for k in kept) + "}"
 
 
 def preset_keys(run: Run) -> frozenset[str]:
@@ -104,7 +101,8 @@ def group_runs(runs: list[Run]) -> tuple[list[str], dict[tuple, list[Run]]]:
     """Group seeds of the same setting; returns the config keys that differ between groups and the groups."""
     flat = [{k: v for k, v in r.setting.items() if k not in IGNORED} for r in runs]
     keys = sorted({k for f in flat for k in f})
-    varying = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flat}) > 1]
+    texts = [r.setting_json for r in runs]
+    varying = [k for k in keys if len({t.get(k, "null") for t in texts}) > 1]
     groups: dict[tuple, list[Run]] = {}
     for run, f in zip(runs, flat, strict=True):
         groups.setdefault(tuple(f.get(k) for k in varying), []).append(run)

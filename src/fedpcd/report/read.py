@@ -50,6 +50,12 @@ class Run:
         (``fedpcd.config_identity.run_setting``), flattened, computed once."""
         return flatten(run_setting(self.config))
 
+    @functools.cached_property
+    def setting_json(self) -> dict[str, str]:
+        """Each value of :attr:`setting` as sorted-key JSON, computed once: grouping and pairing compare the
+        runs of a report by them, many times per run."""
+        return {k: json.dumps(v, sort_keys=True, default=str) for k, v in self.setting.items()}
+
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

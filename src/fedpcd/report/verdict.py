@@ -21,6 +21,7 @@ drifts within its seed noise, so a difference that separates only narrowly can f
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ def t_statistic(diffs: Sequence[float]) -> float:
     return mean / spread
 
 
+@functools.cache  # a report asks for the same few seed counts thousands of times
 def critical_t(n: int) -> float:
     """The two-sided critical value t_{1-ALPHA/2, n-1} for ``n`` paired seeds (n >= 2)."""
     from scipy import stats  # about 1 s to import: only where a verdict is computed, not on every report
