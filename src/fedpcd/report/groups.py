@@ -20,9 +20,9 @@ IGNORED = {"seed", "output_dir"}
 def without_algorithm(run: Run, method_keys: frozenset[str] = frozenset()) -> str:
     """A run's whole setting but its algorithm (seed included), and but ``method_keys``: runs equal in it
     form a pair."""
-    texts = run.setting_json  # the JSON of the kept part, as json.dumps(..., sort_keys=True) writes it
-    kept = sorted(k for k in texts if not k.startswith("algorithm.") and k not in method_keys)
-    return "{" + ", ".join(f"{json.dumps(k)}: {texts[k]}" for k in kept) + "}"
+    items = run.setting_json  # json.dumps(kept, sort_keys=True) from the items' texts, in key order
+    kept = (text for k, text in items.items() if not k.startswith("algorithm.") and k not in method_keys)
+    return "{" + ", ".join(kept) + "}"
 
 
 def preset_keys(run: Run) -> frozenset[str]:
@@ -101,8 +101,8 @@ def group_runs(runs: list[Run]) -> tuple[list[str], dict[tuple, list[Run]]]:
     """Group seeds of the same setting; returns the config keys that differ between groups and the groups."""
     flat = [{k: v for k, v in r.setting.items() if k not in IGNORED} for r in runs]
     keys = sorted({k for f in flat for k in f})
-    texts = [r.setting_json for r in runs]
-    varying = [k for k in keys if len({t.get(k, "null") for t in texts}) > 1]
+    texts = [r.setting_json for r in runs]  # a key a run lacks is null, as json.dumps(None)
+    varying = [k for k in keys if len({t.get(k, f"{json.dumps(k)}: null") for t in texts}) > 1]
     groups: dict[tuple, list[Run]] = {}
     for run, f in zip(runs, flat, strict=True):
         groups.setdefault(tuple(f.get(k) for k in varying), []).append(run)

@@ -52,9 +52,12 @@ class Run:
 
     @functools.cached_property
     def setting_json(self) -> dict[str, str]:
-        """Each value of :attr:`setting` as sorted-key JSON, computed once: grouping and pairing compare the
-        runs of a report by them, many times per run."""
-        return {k: json.dumps(v, sort_keys=True, default=str) for k, v in self.setting.items()}
+        """Each item of :attr:`setting` as the JSON text ``"key": value`` (sorted keys), in key order,
+        computed once: grouping and pairing compare the runs of a report by them, many times per run."""
+        return {
+            k: json.dumps({k: self.setting[k]}, sort_keys=True, default=str)[1:-1]
+            for k in sorted(self.setting)
+        }
 
 
 def _is_number(value: Any) -> bool:
