@@ -37,6 +37,11 @@ directive:
 - ``{{ report_page("docs/leaderboard.md") }}``, ``{{ leaderboard_cells("docs/leaderboard.md") }}``: a
   leaderboard page and its cells.csv, as `benchmarks/leaderboard.sh`'s `fedpcd report` call with that --out
   writes them.
+- ``{% set d = diverged("NAME/GLOB") %}``: the runs matching the pattern that the engine stopped by divergence
+  (stopped.json naming a ``DivergenceError``, no summary.json), counted against every seed the pattern
+  matches, finished or stopped: ``{{ d }}`` writes "diverged in round 1 on 5 of 5 seeds" ("in rounds 2-4"
+  when they stopped in different rounds); ``d.n``, ``d.seeds``, ``d.rounds``, and ``d.code`` as a claim's
+  (None when the stopped runs name one clean commit).
 - ``{{ bench("speed.json", "rows.0.ratio", 2) }}``: a number from a benchmark's archived JSON.
 - ``means("NAME/GLOB", metric=...)``: each grid point's mean over its matching runs, {run name: mean}; e.g.
   ``holds((means(...)|dictsort(by="value")|last)[0] == "scaffold", ...)`` backs "the best".
@@ -88,11 +93,11 @@ from fedpcd.report.document import write_report
 from fedpcd.report.grid import build_grid, run_value
 from fedpcd.report.groups import group_runs, same_setting
 from fedpcd.report.paper import cells_csv, figure_sections
-from fedpcd.report.read import load_runs, refuse_duplicates
+from fedpcd.report.read import load_runs, refuse_duplicates, stopped_runs
 from fedpcd.report.stats import mean_std, rounds_to_target, swing
 from fedpcd.report.tables import report_table
 from fedpcd.report.verdict import separation, verdict
-from fedpcd.run_format import CODE, comparable
+from fedpcd.run_format import comparable
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = "templates"
@@ -248,11 +253,12 @@ def paper_result(papers: dict[str, PaperResult], key: str) -> PaperResult:
 
 
 def code_problem(runs: list[Any]) -> tuple[str, str] | None:
-    """None when every run's summary names one clean commit (``fedpcd.run_format.comparable``), else (the
-    short reason, the reason naming the first run that breaks it)."""
+    """None when every run's code record (its summary's, or its stopped.json's) names one clean commit
+    (``fedpcd.run_format.comparable``), else (the short reason, the reason naming the first run that breaks
+    it)."""
     first = runs[0]
     for run in runs:
-        why = comparable(first.summary.get(CODE), run.summary.get(CODE))
+        why = comparable(first.code, run.code)
         if why is not None:
             where = f"{run.path.parent.name}/{run.path.name} vs {first.path.name}"
             return why, f"{why}: {where}"
@@ -380,12 +386,33 @@ class Claim(Side):
         return word
 
 
+@dataclass
+class Diverged:
+    """The ``diverged`` directive: of the ``seeds`` a pattern matches, the runs stopped by divergence, each
+    seed's stopping round in ``rounds``."""
+
+    label: str
+    seeds: list[int]
+    rounds: dict[int, int]
+    code: tuple[str, str] | None
+
+    @property
+    def n(self) -> int:
+        return len(self.rounds)
+
+    def __str__(self) -> str:
+        low, high = min(self.rounds.values()), max(self.rounds.values())
+        when = f"round {low}" if low == high else f"rounds {low}-{high}"
+        return f"diverged in {when} on {self.n} of {len(self.seeds)} seeds"
+
+
 class Archive:
     """The archived runs, loaded once per folder."""
 
     def __init__(self, repo: Path) -> None:
         self.repo = repo
         self._folders: dict[Path, list[Any]] = {}
+        self._stopped: dict[Path, list[Any]] = {}
         self._grids: dict[Path, Any] = {}
         self._distinct: set[str] = set()  # the archive folders checked for runs counted twice
         self.legacy: list[str] = []  # the current page's verdicts on runs of no single clean commit
@@ -422,13 +449,30 @@ class Archive:
             self._distinct.add(folder)
         root = (self.repo / RUNS).resolve()
         return sorted(
-            (
-                run
-                for run in found
-                if fnmatch.fnmatch(run.path.relative_to(root).as_posix(), pattern)
-            ),
+            (run for run in found if fnmatch.fnmatch(run.path.relative_to(root).as_posix(), pattern)),
             key=lambda run: run.path,
         )
+
+    def diverged(self, pattern: str) -> Diverged:
+        """The ``diverged`` directive (see the module docstring); an error when no run of the pattern
+        diverged."""
+        label = f"diverged({pattern!r})"
+        folder = (self.repo / RUNS / pattern.partition("/")[0]).resolve()
+        if folder not in self._stopped:
+            self._stopped[folder] = stopped_runs(folder)
+        root = (self.repo / RUNS).resolve()
+        stopped = [
+            run
+            for run in self._stopped[folder]
+            if run.diverged and fnmatch.fnmatch(run.path.relative_to(root).as_posix(), pattern)
+        ]
+        if not stopped:
+            raise RenderError(f"{label}: no archived run matching it stopped by divergence")
+        finished = [run.config["seed"] for run in self.runs(pattern)]
+        rounds = {run.config["seed"]: run.stopped["round"] for run in stopped}
+        if len(rounds) < len(stopped) or set(rounds) & set(finished):
+            raise RenderError(f"{label}: a seed matches more than one run")
+        return Diverged(label, sorted([*finished, *rounds]), rounds, code_problem(stopped))
 
     def label(self, pattern: str) -> str:
         """The ``label`` directive: the method's name as `fedpcd report` gives the runs matching ``pattern``
@@ -842,6 +886,7 @@ def environment(repo: Path) -> jinja2.Environment:
         archive=archive,
         claim=archive.claim,
         means=archive.means,
+        diverged=archive.diverged,
         label=archive.label,
         legacy_note=archive.legacy_note,
         table=lambda text: build_table(archive, text),

@@ -25,6 +25,7 @@ from fedpcd.engine.records import record_line
 from fedpcd.engine.rundir import RunDir
 from fedpcd.errors import DivergenceError, UserError
 from fedpcd.resolve import load_config
+from fedpcd.run_format import code_version
 from fedpcd.run_read import read_metrics
 from fedpcd.sweep.status import run_status
 
@@ -273,7 +274,7 @@ def test_a_stopped_run_says_where_and_why_until_it_goes_on(tmp_path, monkeypatch
     assert main(["run", "--quiet", *SEQ, "clients=3", "rounds=3", f"output_dir={out}"]) == 2
     error = capsys.readouterr().err.removeprefix("fedpcd: error: ").strip()
     stopped = json.loads((out / "stopped.json").read_text())
-    assert stopped == {"round": 2, "error": "DivergenceError", "message": error}
+    assert stopped == {"round": 2, "error": "DivergenceError", "message": error, "code": code_version()}
     monkeypatch.undo()  # the cause is fixed
     finished = tmp_path / "runs" / "b"  # the same run, uninterrupted
     run_experiment(_cfg(tmp_path, "runs/b", *SEQ, "clients=3", "rounds=3"), progress=False)

@@ -148,6 +148,36 @@ def _run(
     (folder / "summary.json").write_text(json.dumps({**summary, **({"code": code} if code else {})}))
 
 
+def _stopped(
+    root: Path, name: str, seed: int, rnd: int, error: str = "DivergenceError", commit: str | None = "abc"
+):
+    """A run folder as the engine leaves a run that round ``rnd`` stopped: config.yaml and stopped.json."""
+    folder = root / "docs/results/runs" / name
+    folder.mkdir(parents=True)
+    config = {"seed": seed, "clients": 4, "rounds": 10, "algorithm": {"name": "fedlc"}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    code = {"code": {"fedpcd": "0.1.0", "commit": commit, "results": 1}} if commit else {}
+    (folder / "stopped.json").write_text(json.dumps({"round": rnd, "error": error, "message": "m", **code}))
+
+
+def test_diverged_counts_the_runs_stopped_by_divergence_against_every_seed_of_the_pattern(tmp_path):
+    for seed in (0, 1, 2):
+        _stopped(tmp_path, f"x/fedlc_seed{seed}", seed, 1)
+    _run(tmp_path, "x/fedlc_seed3", "fedlc", 3, [0.1, 0.2])  # finished: a seed that did not diverge
+    _stopped(tmp_path, "x/fedlc_seed4", 4, 2, error="AggregationError")  # stopped, but not by divergence
+    _stopped(tmp_path, "y/fedlc_seed0", 0, 1)  # another folder
+    _papers(tmp_path, SINGLE)
+    (tmp_path / "templates/t.md.j2").write_text("FedLC {% set d = diverged('x/fedlc_seed*') %}{{ d }}.\n")
+    assert render_docs.render(tmp_path, "t.md") == "FedLC diverged in round 1 on 3 of 4 seeds.\n"
+    d = render_docs.Archive(tmp_path).diverged("x/fedlc_seed*")
+    assert (d.n, d.seeds, d.rounds, d.code) == (3, [0, 1, 2, 3], {0: 1, 1: 1, 2: 1}, None)
+    _stopped(tmp_path, "x/fedlc_seed5", 5, 4, commit=None)  # stopped before stopped.json had the code
+    d = render_docs.Archive(tmp_path).diverged("x/fedlc_seed*")
+    assert str(d) == "diverged in rounds 1-4 on 4 of 5 seeds" and d.code[0] == "no commit recorded"
+    with pytest.raises(render_docs.RenderError, match="no archived run matching it stopped by divergence"):
+        render_docs.Archive(tmp_path).diverged("x/fedlc_seed3")
+
+
 def _paper(margin: float) -> render_docs.PaperResult:
     return render_docs.PaperResult("k", "S", "Table 1", "M", 50.0 + margin, "FedAvg", 50.0)
 

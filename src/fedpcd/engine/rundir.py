@@ -32,7 +32,7 @@ from fedpcd.engine.records import record_line
 from fedpcd.errors import RunInUseError, UserError, reraise_interrupt
 from fedpcd.logs import LOGGER
 from fedpcd.resolve import load_config
-from fedpcd.run_format import RunFiles
+from fedpcd.run_format import CODE, RunFiles, code_version
 from fedpcd.run_read import read_metrics
 from fedpcd.run_schema import Summary, check
 from fedpcd.utils import atomic_write, read_json, refuse_link
@@ -350,9 +350,10 @@ class RunDir(RunFiles):
             self.summary.unlink(missing_ok=True)
 
     def write_stopped(self, rnd: int, exc: Exception) -> None:
-        """Record in stopped.json that round ``rnd`` raised ``exc`` (best effort: a failure to write it must
-        not hide ``exc``)."""
-        stopped = {"round": rnd, "error": type(exc).__name__, "message": str(exc)}
+        """Record in stopped.json that round ``rnd`` raised ``exc``, with the code that ran (as summary.json
+        records it), so a report can tell which commit a stopped run's verdict comes from (best effort: a
+        failure to write it must not hide ``exc``)."""
+        stopped = {"round": rnd, "error": type(exc).__name__, "message": str(exc), CODE: code_version()}
         with contextlib.suppress(OSError, UserError):
             self._write_text(self.stopped, json.dumps(stopped, indent=2))
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fedpcd.errors import UserError
 from fedpcd.report.read import Run, flatten
-from fedpcd.run_format import CODE, code_key, same_code
+from fedpcd.run_format import code_key, same_code
 
 IGNORED = {"seed", "output_dir"}
 
@@ -81,7 +81,7 @@ def code_mismatches(runs: list[Run], algorithm: str) -> list[str]:
         ref = paired_run(run, refs)
         if ref is None or ref is run:
             continue
-        mine, theirs = run.summary.get(CODE), ref.summary.get(CODE)
+        mine, theirs = run.code, ref.code
         if (mine is not None or theirs is not None) and not same_code(mine, theirs):
             pair = f"`{run.path.name}` ({_code_label(mine)}) vs `{ref.path.name}` ({_code_label(theirs)})"
             out.append(pair)

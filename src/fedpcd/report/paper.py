@@ -25,11 +25,11 @@ from fedpcd.config_identity import run_setting
 from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
 from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, is_reference, run_value
 from fedpcd.report.groups import paired_run, without_algorithm
-from fedpcd.report.read import Run, flatten
+from fedpcd.report.read import DIVERGED, Run, flatten, read_stopped
 from fedpcd.report.stats import last_rounds_phrase, mean_bytes, mean_std, swing
 from fedpcd.report.verdict import critical_t, separation
-from fedpcd.run_format import GA, HEADLINE, REPORTED
-from fedpcd.utils import atomic_write_text, read_json
+from fedpcd.run_format import GA, HEADLINE, REPORTED, RunFiles
+from fedpcd.utils import atomic_write_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -137,9 +137,6 @@ def separated_settings(
     return out
 
 
-DIVERGED = "DivergenceError"  # the error a stopped.json names for a run stopped by divergence
-
-
 def _setting_key(config: dict) -> str:
     """A run's setting apart from its algorithm and seed (runs equal in it share a column of the grid)."""
     flat = flatten(run_setting(config))
@@ -157,10 +154,6 @@ def diverged_cells(grid: Grid) -> set[tuple[str, str]]:
     ``DivergenceError``.
     Its method and setting are those of the grid's finished runs with the same algorithm section and the same
     setting (``_setting_key``); a stopped run matching no method or no setting of the grid is not placed."""
-    from fedpcd.config_input import read_yaml
-    from fedpcd.errors import UserError
-    from fedpcd.report.read import current_form
-    from fedpcd.run_format import RunFiles
 
     methods, settings, folders = {}, {}, set()
     for (method, setting), members in grid.cells.items():
@@ -171,16 +164,11 @@ def diverged_cells(grid: Grid) -> set[tuple[str, str]]:
                 folders.add(run.path.parent)
     cells = set()
     beside = (RunFiles(p) for folder in sorted(folders) for p in sorted(folder.iterdir()) if p.is_dir())
-    for files in beside:
-        if files.summary.exists() or not files.config.exists():
+    for stopped in filter(None, map(read_stopped, beside)):
+        if not stopped.diverged:
             continue
-        try:
-            if read_json(files.stopped, "stopped file", links=False).get("error") != DIVERGED:
-                continue
-            config = current_form(read_yaml(files.config, links=False), files.config)
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError, UserError):
-            continue  # not stopped (still running), or not a fedpcd run
-        method, setting = methods.get(_method_key(config)), settings.get(_setting_key(config))
+        method = methods.get(_method_key(stopped.config))
+        setting = settings.get(_setting_key(stopped.config))
         if method is not None and setting is not None:
             cells.add((method, setting))
     return cells

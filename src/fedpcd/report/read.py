@@ -12,7 +12,7 @@ from typing import Any
 
 from fedpcd.config_identity import run_setting
 from fedpcd.errors import UserError, clip
-from fedpcd.run_format import RunFiles
+from fedpcd.run_format import CODE, RunFiles
 from fedpcd.run_read import read_metrics, read_summary
 from fedpcd.utils import path_error, read_json, show_path
 
@@ -37,6 +37,11 @@ class Run:
     config: dict[str, Any]
     records: list[dict[str, Any]]
     summary: dict[str, Any]
+
+    @property
+    def code(self) -> dict[str, Any] | None:
+        """summary.json's record of the code that made it (``fedpcd.run_format.code_version``), or None."""
+        return self.summary.get(CODE)
 
     @functools.cached_property
     def flat(self) -> dict[str, Any]:
@@ -147,6 +152,53 @@ def unfinished_runs(root: str | Path) -> list[tuple[str, str]]:
         for files in RunFiles.started_below(root)
         if not files.summary.exists()
     )
+
+
+DIVERGED = "DivergenceError"  # the error a stopped.json names for a run stopped by divergence
+
+
+@dataclass
+class StoppedRun:
+    """A run that a round's error stopped (stopped.json, no summary.json): its folder, config (current
+    form) and stopped.json's record: ``round``, ``error`` (the exception's type), ``message`` and, from
+    runs made since it was added, ``code`` (``fedpcd.run_format.code_version``)."""
+
+    path: Path
+    config: dict[str, Any]
+    stopped: dict[str, Any]
+
+    @property
+    def code(self) -> dict[str, Any] | None:
+        """stopped.json's record of the code that ran (None in runs stopped before it was recorded)."""
+        return self.stopped.get(CODE)
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the engine stopped it by divergence."""
+        return self.stopped.get("error") == DIVERGED
+
+
+def read_stopped(files: RunFiles) -> StoppedRun | None:
+    """The run of ``files`` if it is stopped and readable; None for a finished or still running run, or a
+    folder that is not a fedpcd run (an unreadable config or stopped.json)."""
+    from fedpcd.config_input import read_yaml
+
+    if files.summary.exists() or not files.config.exists():
+        return None
+    try:
+        stopped = read_json(files.stopped, "stopped file", links=False)
+        config = current_form(read_yaml(files.config, links=False), files.config)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, UserError):
+        return None
+    if not isinstance(stopped, dict) or not isinstance(stopped.get("round"), int):
+        return None
+    return StoppedRun(files.path, config, stopped)
+
+
+def stopped_runs(root: str | Path) -> list[StoppedRun]:
+    """Every stopped run below ``root`` (:func:`read_stopped`), in the sorted order of their folders."""
+    found = (read_stopped(files) for files in RunFiles.started_below(root))
+    return sorted((run for run in found if run is not None), key=lambda run: run.path)
 
 
 def _stopped_note(path: Path) -> str:
