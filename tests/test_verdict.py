@@ -20,6 +20,8 @@ def test_t_statistic_is_mean_over_standard_error():
 def test_critical_values_are_students_t():
     assert critical_t(3) == pytest.approx(4.302652729911275)  # t_{0.975, 2}
     assert critical_t(5) == pytest.approx(2.7764451051977987)  # t_{0.975, 4}
+    # the very numbers of scipy.stats' quantile function (archived verdicts were computed with it)
+    assert all(critical_t(n) == float(stats.t.ppf(0.975, n - 1)) for n in range(2, 101))
 
 
 @pytest.mark.parametrize(
