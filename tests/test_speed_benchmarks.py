@@ -1,4 +1,5 @@
-"""Smoke tests of the speed and scale benchmarks (benchmarks/speed.py, benchmarks/scale.py) at tiny sizes."""
+"""Smoke tests of the speed and scale benchmarks (benchmarks/speed.py, benchmarks/scale.py,
+benchmarks/report_speed.py) at tiny sizes."""
 
 from __future__ import annotations
 
@@ -94,3 +95,16 @@ def test_plain_parallel_runs_the_plain_loop_in_processes_begun_together(monkeypa
     speed = importlib.import_module("speed")
     per_round = speed.plain_parallel(0.05, 2)  # two processes, 5% of Fashion-MNIST, 2 rounds
     assert len(per_round) == 2 and all(t > 0 for t in per_round)
+
+
+def test_report_speed_times_the_report_against_reading_the_archive(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # it reads the machine with demo_time.py beside it
+    folder = BENCHMARKS.parent / "docs/results/runs/fedgela-fmnist-p5c2-code"  # three small archived runs
+    out = tmp_path / "report_speed.json"
+    _load("report_speed").main(["--folder", str(folder), "--repeats", "1", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert report["runs"] == 3 and report["count"] == len(report["rows"]) == 3
+    reference, printed, written = report["rows"]
+    assert reference["command"].startswith("reading the archive") and reference["ratio"] == 1.0
+    assert all(row["ratio"] == row["seconds"] / reference["seconds"] > 0 for row in report["rows"])
+    assert "--out" in written["command"] and "the printed report:" in capsys.readouterr().out
