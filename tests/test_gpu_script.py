@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from fedpcd.algorithms import ALGORITHMS
-from fedpcd.engine.pool import usable_cores
+from fedpcd.procs_guard import usable_cores
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

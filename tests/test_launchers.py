@@ -242,8 +242,8 @@ def test_ray_sweep_on_a_running_cluster_matches_the_local_launcher(tmp_path, ref
     the machine has them; stopped at the end); the sweep, a process of its own, joins it with --address."""
     import ray
 
-    from fedpcd.engine.pool import usable_cores
     from fedpcd.launchers import RayLauncher
+    from fedpcd.procs_guard import usable_cores
 
     root = tmp_path / "ray"
     command = [sys.executable, "-m", "fedpcd.cli", "sweep", "--config", str(_grid(tmp_path, root))]

@@ -22,6 +22,7 @@ from fedpcd.algorithms import ALGORITHMS, FedAvg
 from fedpcd.backends import resume_run, run_experiment
 from fedpcd.engine import pool
 from fedpcd.engine.federation import build_federation
+from fedpcd.procs_guard import CORES_VAR, usable_cores
 from fedpcd.resolve import load_config
 
 FMNIST = [
@@ -127,15 +128,15 @@ def test_a_worker_killed_mid_round_is_restarted_and_its_client_rerun(tmp_path, f
 
 def test_auto_uses_one_process_for_a_short_run_and_caps_by_clients(monkeypatch):
     fed = build_federation(load_config(None, ["dataset.name=synthetic16", "clients=3", "participation=0.34"]))
-    monkeypatch.setenv(pool.CORES_VAR, "8")
+    monkeypatch.setenv(CORES_VAR, "8")
     assert pool.auto_workers(fed) == (1, "1 clients per round")  # 1 client per round: nothing to share
     fed = build_federation(load_config(None, ["dataset.name=synthetic16", "clients=3"]))
     workers, why = pool.auto_workers(fed)
-    assert workers == min(3, pool.usable_cores()) and why in (
+    assert workers == min(3, usable_cores()) and why in (
         "3 clients per round",
         f"{workers} usable cores",
     )
-    monkeypatch.setenv(pool.CORES_VAR, "1")
+    monkeypatch.setenv(CORES_VAR, "1")
     assert pool.auto_workers(fed)[0] == 1
 
 
@@ -179,7 +180,7 @@ def test_a_sweeps_jobs_share_the_cores_instead_of_oversubscribing_them(monkeypat
     from fedpcd import launchers
 
     monkeypatch.setattr(launchers, "die_with_parent", lambda parent: None)
-    monkeypatch.setenv(pool.CORES_VAR, "64")  # restored after the test
+    monkeypatch.setenv(CORES_VAR, "64")  # restored after the test
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     launchers._start_job(os.getpid(), 8 // 3)  # what LocalLauncher gives each of 3 jobs on 8 cores
-    assert os.environ[pool.CORES_VAR] == "2" and pool.usable_cores() == 2
+    assert os.environ[CORES_VAR] == "2" and usable_cores() == 2

@@ -300,7 +300,10 @@ def test_setting_axis_sets_keys_together_and_names_folders(tmp_path):
         expand_sweep(bad)
 
 
-def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, capsys):
+def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, capsys, monkeypatch):
+    """Twice: its figures drawn by two worker processes, then all in this process; the same bytes."""
+    from fedpcd.report import figures as drawing
+
     path = _sweep(tmp_path, [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}], SETTINGS)
     assert main(["sweep", "--config", str(path)]) == 0
     with sqlite3.connect(tmp_path / "runs" / "index.sqlite") as db:
@@ -309,7 +312,9 @@ def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, caps
     notes = tmp_path / "notes.md"
     notes.write_text("Budget: tiny.\n")
     outputs = []
-    for folder in ("a", "b"):
+    for folder, per_process, cores in (("a", 1, 2), ("b", 100, 1)):
+        monkeypatch.setattr(drawing, "FIGURES_PER_PROCESS", per_process)
+        monkeypatch.setattr(drawing, "usable_cores", lambda cores=cores: cores)
         out = str(tmp_path / folder / "board.md")
         assert (
             main(["report", str(tmp_path / "runs"), "--out", out, "--title", "Board", "--notes", str(notes)])

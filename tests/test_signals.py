@@ -513,3 +513,34 @@ def test_no_worker_process_is_left_after_a_workers_2_run_returns_not_even_a_zomb
             continue
     # multiprocessing's resource tracker lives as long as this process; no worker, live or zombie, is left
     assert not [pid for pid, (_, cmd) in left.items() if "resource_tracker" not in cmd], left
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a report draws in one process on one core")
+def test_ctrl_c_while_a_report_draws_its_figures_ends_it_with_one_line_and_no_process_left(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the process group) while `fedpcd report --out` draws the figures of
+    seven settings in worker processes: the workers finish the figure each draws and end, the command says
+    it was interrupted in one line (exit 130) and writes no report.md."""
+    import psutil
+
+    folder = Path(__file__).resolve().parents[1] / "docs/results/runs/leaderboard-fmnist-bn"
+    out = tmp_path / "board.md"
+    env = {**os.environ, "FEDPCD_CORES": "2"}  # the suite's processes keep to one core
+    proc = start_cli(["report", str(folder), "--out", str(out)], tmp_path, env=env)
+    seen: set[psutil.Process] = set()
+    try:
+        for _ in range(2400):  # a drawing worker runs
+            assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
+            seen |= set(psutil.Process(proc.pid).children(recursive=True))
+            if any("spawn_main" in " ".join(p.cmdline()) for p in seen if p.is_running()):
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)  # drawing
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert (tmp_path / "stderr.txt").read_text() == "fedpcd: interrupted\n"
+    assert not out.exists()
+    _, alive = psutil.wait_procs(list(seen), timeout=10)
+    assert alive == []

@@ -46,7 +46,15 @@ from types import TracebackType
 from typing import Any
 
 from fedpcd.errors import STOP_SIGNALS, Terminated, UserError, choices, clip
-from fedpcd.procs_guard import POLL_S, die_with_parent, not_ignored, starting_children, unblock_ctrl_c
+from fedpcd.procs_guard import (
+    CORES_VAR,
+    POLL_S,
+    die_with_parent,
+    not_ignored,
+    starting_children,
+    unblock_ctrl_c,
+    usable_cores,
+)
 
 RunResult = tuple[str, float | None, float]  # run_one's result: folder, summary wall time, seconds
 RunOne = Callable[[dict[str, Any], bool], RunResult]  # sweep.run.run_one, handed in (it imports this module)
@@ -136,7 +144,6 @@ def _start_job(parent: int, cores: int) -> None:
     """A sweep worker: dies with the sweep, its runs' ``engine.workers: auto`` use ``cores`` cores, and it
     keeps the dataset it loaded last for its next run."""
     from fedpcd.data.datasets import keep_datasets
-    from fedpcd.engine.pool import CORES_VAR
 
     keep_datasets(True)
     die_with_parent(parent)
@@ -185,8 +192,6 @@ class LocalLauncher(Launcher):
         self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> LocalLauncher:
-        from fedpcd.engine.pool import usable_cores
-
         self._share = max(1, usable_cores() // self.slots)  # each run's engine.workers: auto takes its share
         self._pool = self._new_pool()
         return self
@@ -257,8 +262,6 @@ def _run_remote(
     (``cores``: its ``FEDPCD_CORES``; ``owner``: a process on this machine whose end ends this one, the
     sweep's with submitit's local processes): (True, its result), or (False, its exception, which the sweep
     raises) with the traceback on this process's stderr (the run's log)."""
-    from fedpcd.engine.pool import CORES_VAR
-
     if owner is not None:  # Ctrl-C stops the run (started with it ignored, see SlurmLauncher.submit)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         threading.Thread(target=_exit_with, args=(owner,), name="fedpcd-sweep-watch", daemon=True).start()
@@ -336,8 +339,6 @@ class RayLauncher(Launcher):
             if self.address:
                 ray.init(address=self.address, **quiet)
             else:  # "local": a new cluster, not one a `ray start` left on this machine
-                from fedpcd.engine.pool import usable_cores
-
                 ray.init(
                     address="local",
                     num_cpus=usable_cores(),

@@ -33,8 +33,19 @@ try:  # at import, not when memory has run out (it is a shared library)
 except ImportError:  # not on Unix
     resource = None  # type: ignore[assignment]
 
+CORES_VAR = "FEDPCD_CORES"  # caps the cores a run's ``engine.workers: auto`` uses (a sweep's share per run)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 POLL_S = 1.0  # the watchdog's polling interval where there is no parent-death signal
+
+
+def usable_cores() -> int:
+    """Cores this process may run on, capped by ``FEDPCD_CORES`` when set."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    cap = os.environ.get(CORES_VAR, "")
+    return max(1, min(cores, int(cap))) if cap.isdigit() else cores
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ from fedpcd.engine.federation import Federation, set_threads
 from fedpcd.engine.tasks import ClientReply, ClientTask
 from fedpcd.logs import LOGGER
 from fedpcd.models import MODELS
-from fedpcd.procs_guard import die_with_parent, starting_children, unblock_ctrl_c
+from fedpcd.procs_guard import die_with_parent, starting_children, unblock_ctrl_c, usable_cores
 
 __all__ = ["WorkerDied", "WorkerPool"]
 
@@ -230,19 +230,8 @@ class WorkerPool:
             p.join(timeout=10)
 
 
-CORES_VAR = "FEDPCD_CORES"  # caps the cores a run's ``engine.workers: auto`` uses (a sweep's share per run)
 START_COST_S = 5.0  # a worker's start (spawn, torch's import, the federation) on a loaded 2-core machine
 WORKER_BYTES = 256 << 20  # a worker's own memory besides its models (torch's runtime; measured ~170 MB)
-
-
-def usable_cores() -> int:
-    """Cores this process may run on, capped by ``FEDPCD_CORES`` when set."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    cap = os.environ.get(CORES_VAR, "")
-    return max(1, min(cores, int(cap))) if cap.isdigit() else cores
 
 
 def auto_workers(fed: Federation) -> tuple[int, str]:

@@ -19,10 +19,18 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedpcd.config_identity import run_setting
-from fedpcd.report.figures import partition_counts, plot_setting_curves, setting_class_heatmap, slug
+from fedpcd.report.figures import (
+    Job,
+    drawing,
+    partition_counts,
+    plot_setting_curves,
+    setting_class_heatmap,
+    setting_grid,
+    slug,
+)
 from fedpcd.report.grid import PROTOCOLS, Grid, cell_means, cell_values, is_reference, run_value
 from fedpcd.report.groups import paired_run, without_algorithm
 from fedpcd.report.read import DIVERGED, Run, flatten, read_stopped
@@ -363,9 +371,12 @@ def reading(grid: Grid, last: int, reference: str = "fedavg") -> str:
     return " ".join(sentences)
 
 
-def figure_files(grid: Grid, figures: Path) -> list[Path]:
-    """Draw each setting's curves, class heatmap and partition into ``figures``; the files written. The
-    partitions are read first: a malformed partition.json is its one line before any figure is drawn."""
+def figure_jobs(
+    grid: Grid, figures: Path
+) -> tuple[list[Path], list[tuple[Callable[..., Any], tuple[Any, ...]]]]:
+    """Each setting's curves, class heatmap and partition, as the files to write into ``figures`` and the
+    calls (:func:`fedpcd.report.figures.drawing`) that draw them. The partitions are read here: a malformed
+    partition.json is its one line before any figure is drawn."""
     from fedpcd.data.stats import plot_counts
 
     firsts = {
@@ -373,23 +384,23 @@ def figure_files(grid: Grid, figures: Path) -> list[Path]:
         for setting in grid.settings
     }
     partitions = {setting: None if run is None else partition_counts(run) for setting, run in firsts.items()}
-    written = []
+    jobs: list[Job] = []
+    paths = []
     for setting in grid.settings:
-        name = slug(setting)
-        plot_setting_curves(grid, setting, figures / f"curves-{name}.png")
-        written.append(figures / f"curves-{name}.png")
-        if setting_class_heatmap(grid, setting, figures / f"classes-{name}.png"):
-            written.append(figures / f"classes-{name}.png")
+        name, part = slug(setting), setting_grid(grid, setting)
+        for kind, function in (("curves", plot_setting_curves), ("classes", setting_class_heatmap)):
+            paths.append(figures / f"{kind}-{name}.png")
+            jobs.append((function, (part, setting, paths[-1])))
         counts = partitions[setting]
         if counts is not None:
             title = f"{setting}, seed {firsts[setting].config['seed']}"
-            plot_counts(counts, figures / f"partition-{name}.png", title=title)
-            written.append(figures / f"partition-{name}.png")
-    return written
+            paths.append(figures / f"partition-{name}.png")
+            jobs.append((plot_counts, (counts, paths[-1], title)))
+    return paths, jobs
 
 
 def figure_sections(grid: Grid, figures: Path, link: Callable[[Path], str]) -> list[str]:
-    """The figure sections linking the files ``figure_files`` left in ``figures`` (those that exist)."""
+    """The figure sections linking the files ``figure_jobs`` drew into ``figures`` (those that exist)."""
     curves, classes, partitions = [], [], []
     for setting in grid.settings:
         name = slug(setting)
@@ -420,7 +431,24 @@ def paper_sections(
 ) -> tuple[str, list[Path]]:
     """The papers' tables (GA and PA-split, last and best), the communication view and, with ``figures``
     (a folder), the per-setting curves and heatmaps written there and linked through ``link``, and cells.csv.
-    Returns (the markdown, the files written)."""
+    Returns (the markdown, the files written). The figures are drawn in worker processes while the tables
+    are computed (:func:`fedpcd.report.figures.drawing`)."""
+    if figures is None:
+        return "\n".join(table_sections(grid, last, reference)), []
+    paths, jobs = figure_jobs(grid, figures)
+    with drawing(jobs) as drawn:
+        parts = table_sections(grid, last, reference)
+        # a heatmap without data is not drawn (False); the others return None
+        written = [path for path, result in zip(paths, drawn(), strict=True) if result is not False]
+    atomic_write_text(figures / "cells.csv", cells_csv(grid, last))
+    written.append(figures / "cells.csv")
+    parts += figure_sections(grid, figures, link)
+    return "\n".join(parts), written
+
+
+def table_sections(grid: Grid, last: int, reference: str) -> list[str]:
+    """The sections of ``paper_sections`` without the figures: the reading, the legend, the ranking, the
+    tables of each headline metric and the communication table."""
     last_rounds = last_rounds_phrase([r for members in grid.cells.values() for r in members], last, False)
     parts = [
         f"## Reading (generated from the runs; mean of {last_rounds})\n\n{reading(grid, last, reference)}\n",
@@ -458,10 +486,4 @@ def paper_sections(
             "reached it.\n\n"
             f"{comm}\n"
         )
-    written: list[Path] = []
-    if figures is not None:
-        written = figure_files(grid, figures)
-        atomic_write_text(figures / "cells.csv", cells_csv(grid, last))
-        written.append(figures / "cells.csv")
-        parts += figure_sections(grid, figures, link)
-    return "\n".join(parts), written
+    return parts

@@ -97,7 +97,7 @@ def auto_jobs(configs: list[Config]) -> tuple[int, str]:
     import psutil
     import torch
 
-    from fedpcd.engine.pool import usable_cores
+    from fedpcd.procs_guard import usable_cores
 
     if not configs:
         return 1, "no runs to do"
