@@ -9,8 +9,6 @@ alike for comparison. Prints the machine, the load average before and after, and
 seconds and as a ratio to `python -c pass`, marking those above the target of ``TARGET`` times it. `fedpcd
 list NAME` reads the shipped components' descriptions as rendered (src/fedpcd/descriptions.json), `fedpcd
 config show` their declarations (src/fedpcd/declarations.json: parameters, presets, a model's size).
-
-X
 """
 
 from __future__ import annotations
