@@ -302,7 +302,8 @@ def test_setting_axis_sets_keys_together_and_names_folders(tmp_path):
 
 def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, capsys, monkeypatch):
     """Twice: its figures drawn by two worker processes, then all in this process; the same bytes."""
-    from fedpcd.report import figures as drawing
+    from fedpcd import cli
+    from fedpcd.report import figures
 
     path = _sweep(tmp_path, [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}], SETTINGS)
     assert main(["sweep", "--config", str(path)]) == 0
@@ -313,8 +314,8 @@ def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, caps
     notes.write_text("Budget: tiny.\n")
     outputs = []
     for folder, per_process, cores in (("a", 1, 2), ("b", 100, 1)):
-        monkeypatch.setattr(drawing, "FIGURES_PER_PROCESS", per_process)
-        monkeypatch.setattr(drawing, "usable_cores", lambda cores=cores: cores)
+        monkeypatch.setattr(figures, "FIGURES_PER_PROCESS", per_process)
+        monkeypatch.setattr(cli, "usable_cores", lambda cores=cores: cores)
         out = str(tmp_path / folder / "board.md")
         assert (
             main(["report", str(tmp_path / "runs"), "--out", out, "--title", "Board", "--notes", str(notes)])

@@ -20,6 +20,7 @@ from fedpcd.errors import Terminated, UserError, interrupt_behind
 from fedpcd.procs_guard import (
     out_of_memory_line,
     stop_signals_raise,
+    usable_cores,
 )  # at start: under a memory limit a late import fails
 from fedpcd.utils import show_text
 
@@ -153,6 +154,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         with_best=args.best,
         title=args.title,
         notes=args.notes,
+        workers=usable_cores(),  # the figures drawn by one process per core
     )
     if args.print or not args.out:
         print(report.markdown, end="")

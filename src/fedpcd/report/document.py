@@ -48,13 +48,15 @@ def make_report(
     with_best: bool = False,
     title: str | None = None,
     notes: str | Path | None = None,
+    workers: int = 1,
 ) -> Document:
     """Print-ready markdown for the runs below ``root``; with ``out``, also written there with its figures
     (see ``output_paths``), each linked from the markdown. Runs of several methods in several settings also
     get the papers' layout (``fedpcd.report.paper``: methods x settings tables, communication, per-setting
     curves, partitions, cells.csv); other runs get the curves of GA and PA-split (``plot_curves``) and, for a
     single run, its accuracy per class. ``title`` becomes a heading and the markdown file ``notes`` a
-    preamble under it."""
+    preamble under it. ``workers``: the processes that may draw the papers' layout's figures (the command
+    line gives its usable cores; see ``fedpcd.report.figures.drawing``)."""
     markdown, figures = output_paths(out) if out is not None else (None, None)
     if markdown is not None and figures is not None:  # refused before any work (--geometry takes minutes)
         check_writable(markdown)
@@ -99,7 +101,7 @@ def make_report(
         return path.relative_to(markdown.parent).as_posix() if markdown is not None else str(path)
 
     if METHOD_SECTION in sections and len(sections) > 1:
-        paper, written = paper_sections(build_grid(runs), last, figures, link)
+        paper, written = paper_sections(build_grid(runs), last, figures, link, workers=workers)
         text = intro + paper + f"\n## All runs\n\n{table}\n"
     else:
         text = intro + table + "\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpcd.errors import UserError
-from fedpcd.procs_guard import die_with_parent, starting_children, unblock_ctrl_c, usable_cores
+from fedpcd.procs_guard import die_with_parent, starting_children, unblock_ctrl_c
 from fedpcd.report.grid import Grid
 from fedpcd.report.groups import group_runs, method_columns
 from fedpcd.report.read import Run
@@ -36,14 +36,16 @@ def _start_drawer(parent: int) -> None:
 
 
 @contextlib.contextmanager
-def drawing(jobs: Sequence[Job]) -> Iterator[Callable[[], list[Any]]]:
+def drawing(jobs: Sequence[Job], workers: int = 1) -> Iterator[Callable[[], list[Any]]]:
     """Start drawing the figures of ``jobs`` (``function(*args)`` each writes one); yields the function that
-    waits for them and returns each job's result, in order. They are drawn in worker processes, one per usable
-    core, while the block goes on, when there are at least ``FIGURES_PER_PROCESS`` figures for each; else
-    here, when the results are asked for. The figures are the same bytes either way. On leaving the block
-    (a Ctrl-C or a stop signal included) the workers finish the figure each is drawing and the rest are
-    cancelled; a figure whose worker died is drawn here."""
-    processes = min(usable_cores(), len(jobs) // FIGURES_PER_PROCESS)
+    waits for them and returns each job's result, in order. They are drawn in up to ``workers`` worker
+    processes while the block goes on, as many as have ``FIGURES_PER_PROCESS`` figures each, if that is 2 or
+    more; else here, when the results are asked for. The figures are the same bytes either way. On leaving
+    the block (a Ctrl-C or a stop signal included) the workers finish the figure each is drawing and the
+    rest are cancelled; a figure whose worker died is drawn here. Worker processes are spawned: a Python
+    script that asks for them needs the ``if __name__ == "__main__":`` guard (its main module is imported
+    again in each)."""
+    processes = min(workers, len(jobs) // FIGURES_PER_PROCESS)
     if processes < 2:
         yield lambda: [function(*args) for function, args in jobs]
         return

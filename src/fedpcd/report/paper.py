@@ -428,15 +428,16 @@ def paper_sections(
     figures: Path | None,
     link: Callable[[Path], str],
     reference: str = "fedavg",
+    workers: int = 1,
 ) -> tuple[str, list[Path]]:
     """The papers' tables (GA and PA-split, last and best), the communication view and, with ``figures``
     (a folder), the per-setting curves and heatmaps written there and linked through ``link``, and cells.csv.
-    Returns (the markdown, the files written). The figures are drawn in worker processes while the tables
-    are computed (:func:`fedpcd.report.figures.drawing`)."""
+    Returns (the markdown, the files written). With ``workers`` > 1 the figures are drawn in up to that
+    many worker processes while the tables are computed (:func:`fedpcd.report.figures.drawing`)."""
     if figures is None:
         return "\n".join(table_sections(grid, last, reference)), []
     paths, jobs = figure_jobs(grid, figures)
-    with drawing(jobs) as drawn:
+    with drawing(jobs, workers) as drawn:
         parts = table_sections(grid, last, reference)
         # a heatmap without data is not drawn (False); the others return None
         written = [path for path, result in zip(paths, drawn(), strict=True) if result is not False]
