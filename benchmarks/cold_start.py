@@ -65,6 +65,19 @@ def seconds(argv: list[str], cwd: str) -> float:
     return wall
 
 
+def medians(cmds: dict[str, list[str]], cwd: str, repeats: int) -> dict[str, float]:
+    """Each command's median wall time over ``repeats`` runs from ``cwd``, after one untimed warm-up each (the
+    files in the page cache, .pyc files written), the rounds interleaved so that a change of load touches
+    every command alike."""
+    times: dict[str, list[float]] = {label: [] for label in cmds}
+    for argv in cmds.values():
+        seconds(argv, cwd)
+    for _ in range(repeats):
+        for label, argv in cmds.items():
+            times[label].append(seconds(argv, cwd))
+    return {label: statistics.median(values) for label, values in times.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -80,23 +93,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"niceness: {os.nice(0)}")
     before = load()
     print(f"load average before: {before}")
-    cmds = commands(fedpcd)
-    times: dict[str, list[float]] = {label: [] for label in cmds}
     with tempfile.TemporaryDirectory(prefix="fedpcd-cold-start-") as cwd:
-        for argv in cmds.values():  # warm-up: the files in the page cache, .pyc files written
-            seconds(argv, cwd)
-        for _ in range(repeats):
-            for label, argv in cmds.items():
-                times[label].append(seconds(argv, cwd))
+        median_s = medians(commands(fedpcd), cwd, repeats)
     after = load()
     print(f"load average after: {after}")
-    medians = {label: statistics.median(values) for label, values in times.items()}
-    reference = next(iter(medians.values()))
+    reference = next(iter(median_s.values()))
     print(f"median of {repeats} runs each, and as a ratio to the first (the interpreter's start):")
-    for label, median in medians.items():
+    for label, median in median_s.items():
         over = f"  above the target of {TARGET} x" if median / reference > TARGET else ""
         print(f"  {label:<38} {median:6.2f} s  {median / reference:6.2f} x{over}")
-    rows = [{"command": label, "seconds": m, "ratio": m / reference} for label, m in medians.items()]
+    rows = [{"command": label, "seconds": m, "ratio": m / reference} for label, m in median_s.items()]
     report = {**machine_report(before), "load_after": after, "niceness": os.nice(0), "repeats": repeats}
     report.update(target=TARGET, count=len(rows), rows=rows)
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from cold_start import seconds
+from cold_start import medians
 from demo_time import cpu_model, load, machine_report
 
 REPEATS = 3
@@ -67,23 +66,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average before: {before}")
     print(f"{args.folder}: {runs} finished runs")
     with tempfile.TemporaryDirectory(prefix="fedpcd-report-speed-") as cwd:
-        cmds = commands(fedpcd, folder, cwd)
-        times: dict[str, list[float]] = {label: [] for label in cmds}
-        for argv_ in cmds.values():  # warm-up: the files in the page cache, .pyc files written
-            seconds(argv_, cwd)
-        for _ in range(args.repeats):
-            for label, argv_ in cmds.items():
-                times[label].append(seconds(argv_, cwd))
+        median_s = medians(commands(fedpcd, folder, cwd), cwd, args.repeats)
     after = load()
     print(f"load average after: {after}")
-    medians = {label: statistics.median(values) for label, values in times.items()}
-    reference = next(iter(medians.values()))
+    reference = next(iter(median_s.values()))
     print(f"median of {args.repeats} runs each, and as a ratio to the first (reading the archive):")
-    for label, median in medians.items():
+    for label, median in median_s.items():
         print(f"  {label:<48} {median:6.2f} s  {median / reference:6.2f} x")
-    printed = medians["fedpcd report FOLDER --last 3"]
+    printed = median_s["fedpcd report FOLDER --last 3"]
     print(f"the printed report: {printed:.2f} s (target at most {TARGET_S:.0f} s)")
-    rows = [{"command": label, "seconds": m, "ratio": m / reference} for label, m in medians.items()]
+    rows = [{"command": label, "seconds": m, "ratio": m / reference} for label, m in median_s.items()]
     report = {**machine_report(before), "load_after": after, "niceness": os.nice(0), "repeats": args.repeats}
     report.update(folder=args.folder, runs=runs, target_s=TARGET_S, count=len(rows), rows=rows)
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
