@@ -182,14 +182,17 @@ def diverged_cells(grid: Grid) -> set[tuple[str, str]]:
     return cells
 
 
-def mean_ranks(grid: Grid, metric: str, protocol: str, last: int) -> dict[str, list[float]]:
+def mean_ranks(
+    grid: Grid, metric: str, protocol: str, last: int, diverged: set[tuple[str, str]] | None = None
+) -> dict[str, list[float]]:
     """Per method, its rank in each setting where it has a value (1 = the best mean over seeds; ties share
     the mean of their ranks). A method with a run stopped by divergence in a setting (``diverged_cells``)
     ranks last there, whatever its other seeds reached (several such methods share the last ranks); only for
-    a metric the method reports somewhere (a method without a global model gets no GA rank)."""
+    a metric the method reports somewhere (a method without a global model gets no GA rank). ``diverged``:
+    ``diverged_cells(grid)`` where the caller has it already (it reads the stopped runs beside the grid's)."""
     means = cell_means(grid, metric, protocol, last)
     has_metric = means.notna().any(axis=1)
-    for method, setting in diverged_cells(grid):
+    for method, setting in diverged_cells(grid) if diverged is None else diverged:
         if method in means.index and setting in means.columns and has_metric[method]:
             means.loc[method, setting] = -math.inf
     ranks = means.rank(ascending=False)  # each setting on its own
@@ -208,7 +211,8 @@ def ranking_table(grid: Grid, last: int, reference: str = "fedavg") -> str | Non
     best first: by GA rank, then the methods without a global model by PA rank. None for a single setting."""
     if len(grid.settings) < 2:
         return None
-    ranks = [mean_ranks(grid, m.key, "last", last) for m in HEADLINE]
+    diverged = diverged_cells(grid)
+    ranks = [mean_ranks(grid, m.key, "last", last, diverged) for m in HEADLINE]
     separated = [separated_settings(grid, m.key, last, reference) for m in HEADLINE]
     rows = []
     for method in grid.methods:
