@@ -135,6 +135,7 @@ def plot_counts(counts: np.ndarray, path: str | Path, title: str = "") -> None:
                         va="center",
                         fontsize=fontsize,
                         color=colour,
+                        in_layout=False,  # inside its cell: the layout need not measure it
                     )
     fig.colorbar(image, ax=ax, label="samples")
     fig.tight_layout()

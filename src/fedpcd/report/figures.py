@@ -102,26 +102,26 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2)
     colours = colormaps["tab20"].colors
-    for i, method in enumerate(grid.methods):
-        members = grid.runs(method, setting)
-        for ax, metric in zip(axes, HEADLINE, strict=False):
+    lw = 1.4 if len(grid.methods) <= 12 else 1.0
+    for ax, metric in zip(axes, HEADLINE, strict=False):
+        for i, method in enumerate(grid.methods):
             by_round: dict[int, list[float]] = {}
-            for run in members:
+            for run in grid.runs(method, setting):
                 for r in run.records:
                     if r.get(metric.key) is not None:
                         by_round.setdefault(r["round"], []).append(100 * r[metric.key])
             if not by_round:
                 continue
             rounds = sorted(by_round)
-            lw = 1.4 if len(grid.methods) <= 12 else 1.0
             style = {"color": colours[i % 20], "linestyle": "-" if i < 20 else "--", "lw": lw}
             if i == 0:  # the reference method (FedAvg) stands out
                 style = {"color": "black", "linestyle": "-", "lw": 2.2}
             ax.plot(rounds, [statistics.fmean(by_round[t]) for t in rounds], label=method, **style)
-            if len(members) > 1:
+            if len(grid.runs(method, setting)) > 1:
                 low = [min(by_round[t]) for t in rounds]
                 high = [max(by_round[t]) for t in rounds]
                 ax.fill_between(rounds, low, high, color=style["color"], alpha=0.15, lw=0)
+        if ax.has_data():
             ax.set_title(f"{setting}: {metric.label}")
             ax.set_xlabel("round")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
