@@ -301,9 +301,19 @@ def test_setting_axis_sets_keys_together_and_names_folders(tmp_path):
 
 
 def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, capsys, monkeypatch):
-    """Twice: its figures drawn by two worker processes, then all in this process; the same bytes."""
+    """Twice: its figures drawn by two worker processes, then all in this process; the same bytes. Either
+    way a progress bar (on a terminal only) counts every figure as it is done."""
     from fedpcd import cli
     from fedpcd.report import figures
+
+    counted: list[tuple[str, object, int]] = []
+
+    def bar(items, **kwargs):  # stands in for tqdm.tqdm: what was counted, and with which switches
+        done = 0
+        for item in items:
+            yield item
+            done += 1
+        counted.append((kwargs["desc"], kwargs["disable"], done))
 
     path = _sweep(tmp_path, [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}], SETTINGS)
     assert main(["sweep", "--config", str(path)]) == 0
@@ -312,6 +322,7 @@ def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, caps
     assert len(rows) == 4 and {r[1] for r in rows} == {"done"} and all(0 <= r[2] <= 1 for r in rows)
     notes = tmp_path / "notes.md"
     notes.write_text("Budget: tiny.\n")
+    monkeypatch.setattr("tqdm.tqdm", bar)
     outputs = []
     for folder, per_process, cores in (("a", 1, 2), ("b", 100, 1)):
         monkeypatch.setattr(figures, "FIGURES_PER_PROCESS", per_process)
@@ -324,6 +335,7 @@ def test_report_in_the_papers_layout_regenerates_byte_identically(tmp_path, caps
         files = sorted(p for p in (tmp_path / folder).rglob("*") if p.is_file())
         outputs.append({p.relative_to(tmp_path / folder): p.read_bytes() for p in files})
     assert outputs[0] == outputs[1]
+    assert counted == [("figures", None, 6)] * 2  # two settings' curves, classes and partition, twice
     names = {p.as_posix() for p in outputs[0]}
     assert names == {
         "board.md",

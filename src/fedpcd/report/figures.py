@@ -11,7 +11,7 @@ import os
 import re
 import signal
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +40,14 @@ def drawing(jobs: Sequence[Job], workers: int = 1) -> Iterator[Callable[[], list
     """Start drawing the figures of ``jobs`` (``function(*args)`` each writes one); yields the function that
     waits for them and returns each job's result, in order. They are drawn in up to ``workers`` worker
     processes while the block goes on, as many as have ``FIGURES_PER_PROCESS`` figures each, if that is 2 or
-    more; else here, when the results are asked for. The figures are the same bytes either way. On leaving
-    the block (a Ctrl-C or a stop signal included) the workers finish the figure each is drawing and the
-    rest are cancelled; a figure whose worker died is drawn here. Worker processes are spawned: a Python
-    script that asks for them needs the ``if __name__ == "__main__":`` guard (its main module is imported
-    again in each)."""
+    more; else here, when the results are asked for. The figures are the same bytes either way; while they are
+    awaited, a progress bar on a terminal counts the figures done. On leaving the block (a Ctrl-C or a stop
+    signal included) the workers finish the figure each is drawing and the rest are cancelled; a figure whose
+    worker died is drawn here. Worker processes are spawned: a Python script that asks for them needs the
+    ``if __name__ == "__main__":`` guard (its main module is imported again in each)."""
     processes = min(workers, len(jobs) // FIGURES_PER_PROCESS)
     if processes < 2:
-        yield lambda: [function(*args) for function, args in jobs]
+        yield lambda: [function(*args) for function, args in _counted(jobs)]
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -62,7 +62,7 @@ def drawing(jobs: Sequence[Job], workers: int = 1) -> Iterator[Callable[[], list
 
     def results() -> list[Any]:
         out = []
-        for future, (function, args) in zip(futures, jobs, strict=True):
+        for future, (function, args) in _counted(list(zip(futures, jobs, strict=True))):
             try:
                 out.append(future.result())
             except BrokenProcessPool:  # its worker died (out of memory, killed)
@@ -75,6 +75,14 @@ def drawing(jobs: Sequence[Job], workers: int = 1) -> Iterator[Callable[[], list
         yield results
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _counted(items: Sequence[Any]) -> Iterable[Any]:
+    """``items`` counted by a progress bar on a terminal (``disable=None``: none in a pipe or a log), advanced
+    as each figure is done: a large report's figures take a while."""
+    from tqdm import tqdm
+
+    return tqdm(items, desc="figures", unit="figure", leave=False, disable=None)
 
 
 def setting_grid(grid: Grid, setting: str) -> Grid:
