@@ -113,8 +113,9 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
     lw = 1.4 if len(grid.methods) <= 12 else 1.0
     for ax, metric in zip(axes, HEADLINE, strict=False):
         for i, method in enumerate(grid.methods):
+            members = grid.runs(method, setting)
             by_round: dict[int, list[float]] = {}
-            for run in grid.runs(method, setting):
+            for run in members:
                 for r in run.records:
                     if r.get(metric.key) is not None:
                         by_round.setdefault(r["round"], []).append(100 * r[metric.key])
@@ -125,7 +126,7 @@ def plot_setting_curves(grid: Grid, setting: str, path: str | Path) -> None:
             if i == 0:  # the reference method (FedAvg) stands out
                 style = {"color": "black", "linestyle": "-", "lw": 2.2}
             ax.plot(rounds, [statistics.fmean(by_round[t]) for t in rounds], label=method, **style)
-            if len(grid.runs(method, setting)) > 1:
+            if len(members) > 1:
                 low = [min(by_round[t]) for t in rounds]
                 high = [max(by_round[t]) for t in rounds]
                 ax.fill_between(rounds, low, high, color=style["color"], alpha=0.15, lw=0)
